@@ -1,0 +1,137 @@
+"""Everything dspark-hf touches in transformers' private generation API lives here.
+
+transformers has no public hook for a new kind of assistant, so we wrap two private methods:
+
+- `GenerationMixin._get_candidate_generator`: when `assistant_model` is a DSpark drafter (possibly PEFT-wrapped),
+  return a `DSparkCandidateGenerator`; otherwise defer to transformers.
+- `_BaseAutoModelClass.from_pretrained`: a checkpoint whose `architectures[0]` is a DSpark class (written with
+  `model_type: "qwen3"` in the official layout) loads as `DSparkDrafter` instead of a plain Qwen3 model that would
+  silently drop the DSpark tensors.
+
+`check_contract()` verifies what we rely on; `tests/test_transformers_contract.py` runs it so an upstream change
+fails loudly instead of silently disabling speculation.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import transformers
+from packaging import version
+from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.utils import GenerationMixin
+from transformers.models.auto.auto_factory import _BaseAutoModelClass
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+# Keep in sync with pyproject.toml.
+SUPPORTED_TRANSFORMERS = (version.parse("5.20.0"), version.parse("5.25.0"))
+
+_ASSISTED_LOOP_NEEDS = ("model_outputs=outputs", "is_first_iteration=is_first_iteration", "n_last_matches=n_matches",
+                        "model_kwargs_overrides", "update_candidate_strategy(")
+
+
+def check_contract() -> list[str]:
+    """The list of broken assumptions about transformers' generation internals (empty when all hold)."""
+    problems = []
+    installed = version.parse(transformers.__version__)
+    if not SUPPORTED_TRANSFORMERS[0] <= installed < SUPPORTED_TRANSFORMERS[1]:
+        problems.append(
+            f"transformers {installed} is outside the tested range "
+            f"[{SUPPORTED_TRANSFORMERS[0]}, {SUPPORTED_TRANSFORMERS[1]})"
+        )
+    original = getattr(_get_candidate_generator, "__wrapped__", GenerationMixin._get_candidate_generator)
+    params = inspect.signature(original).parameters
+    for name in ("generation_config", "input_ids", "logits_processor", "model_kwargs", "assistant_model"):
+        if name not in params:
+            problems.append(f"GenerationMixin._get_candidate_generator lost its `{name}` argument")
+    loop = inspect.getsource(GenerationMixin._assisted_decoding)
+    for needle in _ASSISTED_LOOP_NEEDS:
+        if needle not in loop:
+            problems.append(f"GenerationMixin._assisted_decoding no longer contains `{needle}`")
+    if not hasattr(CandidateGenerator, "requires_model_outputs"):
+        problems.append("CandidateGenerator.requires_model_outputs is gone")
+    try:
+        from transformers.utils.output_capturing import selected_hidden_states  # noqa: F401
+    except ImportError:
+        problems.append("output_hidden_states=[indices] (transformers.utils.output_capturing) is gone")
+    return problems
+
+
+def unwrap_drafter(assistant_model):
+    """The `DSparkDrafter` behind `assistant_model` (itself, or the base model of a PEFT wrapper), else `None`."""
+    from .modeling_dspark import DSparkDrafter
+
+    model = assistant_model
+    for _ in range(3):  # PeftModel -> LoraModel -> DSparkDrafter
+        if isinstance(model, DSparkDrafter):
+            return model
+        if hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        elif hasattr(model, "model") and model is not getattr(model, "model"):
+            model = model.model
+        else:
+            return None
+    return model if isinstance(model, DSparkDrafter) else None
+
+
+def _make_candidate_generator(original):
+    @functools.wraps(original)
+    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                                 assistant_model=None, *args, **kwargs):
+        drafter = unwrap_drafter(assistant_model)
+        if drafter is None:
+            return original(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                            assistant_model, *args, **kwargs)
+        from .generation.candidate_generator import DSparkCandidateGenerator
+
+        return DSparkCandidateGenerator(
+            drafter=drafter,
+            target=self,
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+            input_ids=input_ids,
+            model_kwargs=model_kwargs,
+        )
+
+    return _get_candidate_generator
+
+
+def _make_auto_from_pretrained(original):
+    @functools.wraps(original.__func__)
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        from .configuration_dspark import DSPARK_ARCHITECTURES
+        from .modeling_dspark import DSparkDrafter
+
+        config = kwargs.get("config")
+        if config is None or isinstance(config, str):
+            try:
+                config_dict, _ = transformers.PreTrainedConfig.get_config_dict(
+                    pretrained_model_name_or_path,
+                    **{k: kwargs[k] for k in ("cache_dir", "revision", "token", "local_files_only", "subfolder")
+                       if k in kwargs},
+                )
+            except (OSError, ValueError):
+                config_dict = {}
+            if (config_dict.get("architectures") or [None])[0] in DSPARK_ARCHITECTURES:
+                return DSparkDrafter.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        return original.__func__(cls, pretrained_model_name_or_path, *model_args, **kwargs)
+
+    return classmethod(from_pretrained)
+
+
+_get_candidate_generator = _make_candidate_generator(GenerationMixin._get_candidate_generator)
+
+
+def install() -> None:
+    """Installs the generate and Auto* integrations (idempotent); warns if the contract looks broken."""
+    if getattr(GenerationMixin._get_candidate_generator, "_dspark", False):
+        return
+    _get_candidate_generator._dspark = True
+    GenerationMixin._get_candidate_generator = _get_candidate_generator
+    _BaseAutoModelClass.from_pretrained = _make_auto_from_pretrained(_BaseAutoModelClass.from_pretrained)
+    for problem in check_contract():
+        logger.warning(f"dspark-hf: {problem}; DSpark generation may misbehave. Pin transformers to the tested range.")

@@ -1,0 +1,230 @@
+"""Configuration of the DSpark drafter, in the official DeepSpec checkpoint layout.
+
+The official checkpoints (``deepseek-ai/dspark_qwen3_*_block7``) store a copy of the target's Qwen3 config with the
+draft keys added, ``model_type: "qwen3"`` and ``architectures: ["Qwen3DSparkModel"]`` (spec section 1). This class
+parses exactly that JSON and writes it back, so DeepSpec, vLLM and SGLang load what we save.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
+# `architectures[0]` of official and our checkpoints; DeepSpec, vLLM and SGLang dispatch on it.
+DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "DSparkDraftModel")
+# Keys of the target config that describe the target, not the drafter: dropped when the drafter config is derived.
+_TARGET_ONLY_KEYS = ("architectures", "auto_map", "quantization_config", "_name_or_path", "torch_dtype", "dtype")
+
+
+@strict
+class DSparkConfig(Qwen3Config):
+    r"""
+    Configuration of a [`DSparkDrafter`]. It is a Qwen3 configuration (the draft layers are Qwen3 layers) plus the
+    DSpark keys of the official checkpoint layout. On disk it is written with ``model_type: "qwen3"`` and
+    ``architectures: ["Qwen3DSparkModel"]``, exactly like DeepSpec's releases.
+
+    block_size (`int`, defaults to 7):
+        Number of block slots (γ): the anchor plus ``block_size - 1`` mask tokens, giving ``block_size`` drafts.
+    mask_token_id (`int`, *optional*):
+        Token id fed to the non-anchor block slots. Must be ``< vocab_size``.
+    target_layer_ids (`list[int]`):
+        0-based target decoder layers whose raw outputs (HF ``hidden_states[i + 1]``) are concatenated as context.
+        Strictly increasing, in ``[-1, num_target_layers - 2]`` (the last layer is final-normed by HF, so excluded).
+    num_target_layers (`int`, *optional*):
+        Depth of the target the drafter was built for; used to validate the target at generation time.
+    num_anchors (`int`, defaults to 512):
+        Training only: anchors (blocks) sampled per sequence.
+    markov_rank (`int`, defaults to 64):
+        Rank r of the Markov transition bias ``W2 · W1[x_{k-1}]``; 0 disables the head (the DFlash ablation).
+    markov_head_type (`str`, defaults to `"vanilla"`):
+        One of ``"vanilla"``, ``"gated"``, ``"rnn"`` (spec section 3.7). vLLM/SGLang serve ``"vanilla"`` only.
+    enable_confidence_head (`bool`, defaults to `True`):
+        Whether the drafter has the confidence head ``c_k = σ(proj([h_k ; W1[x_{k-1}]]))``.
+    confidence_head_with_markov (`bool`, defaults to `True`):
+        Whether the confidence head also reads the Markov embedding of the previous token.
+    confidence_temperatures (`list[float]`, *optional*):
+        Per-position temperatures fitted by Sequential Temperature Scaling; ``None`` means uncalibrated (all 1).
+    target_model_type (`str`, *optional*):
+        ``model_type`` of the target (e.g. ``"llama"``); informational.
+
+    Example:
+
+    ```python
+    >>> from dspark_hf import DSparkConfig
+    >>> config = DSparkConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    ...                       num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+    ...                       target_layer_ids=[0, 1], num_target_layers=4, mask_token_id=0, markov_rank=8)
+    >>> config.block_size
+    7
+    ```
+    """
+
+    model_type = "dspark"
+
+    block_size: int = 7
+    mask_token_id: int | None = None
+    target_layer_ids: list[int] | None = None
+    num_target_layers: int | None = None
+    num_anchors: int = 512
+    markov_rank: int = 64
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    confidence_temperatures: list[float] | None = None
+    target_model_type: str | None = None
+
+    def __post_init__(self, **kwargs):
+        # Draft layers see context and block bidirectionally: a sliding-window layer would make vLLM build a causal
+        # SWA layer (spec section 1), so every layer is full attention whatever the target uses.
+        self.use_sliding_window = False
+        self.layer_types = ["full_attention"] * self.num_hidden_layers
+        if self.target_layer_ids is None:
+            self.target_layer_ids = [0]
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        super().__post_init__(**kwargs)
+        self.validate_dspark()
+
+    def validate_dspark(self) -> None:
+        """Raises `ValueError` naming the offending value when the DSpark keys are inconsistent."""
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
+        if self.mask_token_id is None or not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(
+                f"mask_token_id must be an id in [0, vocab_size={self.vocab_size}), got {self.mask_token_id}. "
+                "Use an unused (reserved or special) token of the target's vocabulary."
+            )
+        ids = self.target_layer_ids
+        if len(ids) == 0 or any(b <= a for a, b in zip(ids, ids[1:])):
+            raise ValueError(f"target_layer_ids must be a non-empty, strictly increasing list, got {ids}.")
+        if ids[0] < -1:
+            raise ValueError(f"target_layer_ids must be >= -1 (-1 is the embedding output), got {ids}.")
+        if self.num_target_layers is not None and ids[-1] >= self.num_target_layers - 1:
+            raise ValueError(
+                f"target_layer_ids={ids} includes layer {ids[-1]}, but the target has {self.num_target_layers} layers "
+                f"and its last layer ({self.num_target_layers - 1}) cannot be used: transformers returns it after the "
+                f"final norm. Pick ids <= {self.num_target_layers - 2}."
+            )
+        if self.markov_rank < 0:
+            raise ValueError(f"markov_rank must be >= 0 (0 disables the Markov head), got {self.markov_rank}.")
+        if self.markov_head_type not in MARKOV_HEAD_TYPES:
+            raise ValueError(f"markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {self.markov_head_type!r}.")
+        temps = self.confidence_temperatures
+        if temps is not None and (len(temps) != self.block_size or any(t <= 0 for t in temps)):
+            raise ValueError(
+                f"confidence_temperatures must hold block_size={self.block_size} positive values, got {temps}."
+            )
+
+    @property
+    def num_context_features(self) -> int:
+        """Width of the concatenated target features, ``len(target_layer_ids) * hidden_size``."""
+        return len(self.target_layer_ids) * self.hidden_size
+
+    @classmethod
+    def from_target_config(cls, target_config: PreTrainedConfig, **kwargs) -> "DSparkConfig":
+        """Derives a drafter config from a target's config, as DeepSpec does: copy the target's keys, then override.
+
+        Args:
+            target_config ([`PreTrainedConfig`]): the target's config (the text config is used for multimodal ones).
+            kwargs: DSpark keys (`block_size`, `markov_rank`, ...) and overrides (`num_hidden_layers`, ...).
+                `target_layer_ids` defaults to up to 5 layers spread from layer 1 to the second-to-last layer, and
+                `mask_token_id` to the target's pad token, else its last vocabulary id.
+        """
+        text_config = target_config.get_text_config()
+        num_target_layers = text_config.num_hidden_layers
+        values: dict[str, Any] = {
+            k: v for k, v in copy.deepcopy(text_config.to_dict()).items() if k not in _TARGET_ONLY_KEYS
+        }
+        values.pop("model_type", None)
+        values.pop("layer_types", None)
+        if values.get("head_dim") is None:
+            values["head_dim"] = text_config.hidden_size // text_config.num_attention_heads
+        values.update(
+            num_hidden_layers=kwargs.pop("num_hidden_layers", 1),
+            num_target_layers=num_target_layers,
+            target_model_type=text_config.model_type,
+            tie_word_embeddings=False,
+            target_layer_ids=kwargs.pop("target_layer_ids", None) or default_target_layer_ids(num_target_layers),
+        )
+        if kwargs.get("mask_token_id") is None:
+            pad = text_config.pad_token_id if hasattr(text_config, "pad_token_id") else None
+            kwargs["mask_token_id"] = pad if pad is not None else text_config.vocab_size - 1
+        values.update(kwargs)
+        known = set(cls.__dataclass_fields__) | set(PreTrainedConfig.__dataclass_fields__)
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    # --- serialization in the official layout -------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        output = super().to_dict()
+        # The official layout keeps the Qwen3 model_type (DeepSpec's eval.py reads it with AutoConfig) and the
+        # conditional keys only where DeepSpec writes them (spec section 1).
+        output["model_type"] = Qwen3Config.model_type
+        output["architectures"] = [DSPARK_ARCHITECTURES[0]]
+        if not self.markov_rank:
+            output.pop("markov_head_type", None)
+        if not self.enable_confidence_head:
+            output.pop("confidence_head_with_markov", None)
+        if self.confidence_temperatures is None:
+            output.pop("confidence_temperatures", None)
+        return output
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "DSparkConfig":
+        # Reads the file ourselves: the stock path warns that model_type "qwen3" is not "dspark", which is expected.
+        config_dict, kwargs = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
+        return cls.from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "DSparkConfig":
+        config_dict = dict(config_dict)
+        model_type = config_dict.pop("model_type", None)
+        if model_type not in (None, cls.model_type, Qwen3Config.model_type):
+            raise ValueError(
+                f"This checkpoint has model_type={model_type!r}; DSparkConfig reads drafters written with "
+                f"model_type 'qwen3' (the official DSpark layout). Is this a DSpark drafter checkpoint?"
+            )
+        architectures = config_dict.get("architectures") or []
+        if architectures and architectures[0] not in DSPARK_ARCHITECTURES:
+            raise ValueError(
+                f"This checkpoint declares architectures={architectures}, not a DSpark drafter "
+                f"(expected one of {list(DSPARK_ARCHITECTURES)}). Load a target with AutoModelForCausalLM instead."
+            )
+        missing = [k for k in ("target_layer_ids", "mask_token_id", "block_size") if k not in config_dict]
+        if missing:
+            raise ValueError(f"Drafter config is missing the DSpark keys {missing}; is this a DSpark checkpoint?")
+        # DFlash siblings and SGLang-style configs omit the conditional keys; their absence means "off".
+        config_dict.setdefault("markov_rank", 0)
+        config_dict.setdefault("enable_confidence_head", False)
+        config_dict.setdefault("markov_head_type", "vanilla")
+        # v4 spellings
+        if "rope_theta" in config_dict and "rope_parameters" not in config_dict:
+            config_dict["rope_parameters"] = {"rope_type": "default", "rope_theta": config_dict.pop("rope_theta")}
+        if "torch_dtype" in config_dict and "dtype" not in config_dict:
+            config_dict["dtype"] = config_dict.pop("torch_dtype")
+        return super().from_dict(config_dict, **kwargs)
+
+
+def default_target_layer_ids(num_target_layers: int, num_features: int = 5) -> list[int]:
+    """Up to `num_features` layers spread evenly from layer 1 to the second-to-last (DeepSpec's 4B choice is
+    ``[1, 9, 17, 25, 33]`` of 36)."""
+    last = num_target_layers - 2
+    if last < 1:
+        return [max(last, -1)]
+    first = 1
+    count = min(num_features, last - first + 1)
+    if count == 1:
+        return [first]
+    step = (last - first) / (count - 1)
+    return sorted({round(first + i * step) for i in range(count)})
+
+
+__all__ = ["DSparkConfig", "DSPARK_ARCHITECTURES", "default_target_layer_ids"]

@@ -1,0 +1,23 @@
+from .candidate_generator import DSparkCandidateGenerator
+from .policies import (
+    POLICIES,
+    FullBlockPolicy,
+    HardwareAwarePolicy,
+    ThresholdPolicy,
+    VerificationPolicy,
+    get_policy,
+)
+from .stats import DSparkGenerationStats, DSparkRoundStats
+
+
+__all__ = [
+    "DSparkCandidateGenerator",
+    "DSparkGenerationStats",
+    "DSparkRoundStats",
+    "VerificationPolicy",
+    "FullBlockPolicy",
+    "ThresholdPolicy",
+    "HardwareAwarePolicy",
+    "POLICIES",
+    "get_policy",
+]

@@ -1,0 +1,197 @@
+"""`DSparkCandidateGenerator`: drafts a block per round for transformers' assisted decoding loop.
+
+Each round (spec 3.6):
+1. take the target's hidden states at `target_layer_ids` for the newly committed positions from the verification
+   forward that just ran, and append their context K/V to the drafter's cache;
+2. run the drafter once on ``[anchor, mask × (B-1)]``;
+3. sample drafts left to right with the Markov bias, asking the verification policy before each slot;
+4. return the drafts and their Markov-corrected, processor-applied logits, so that transformers' own speculative
+   sampling (or greedy matching) verifies exactly the distribution the drafts were drawn from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
+from transformers.generation.candidate_generator import CandidateGenerator
+
+from ..modeling_dspark import DSparkDrafter
+from .policies import VerificationPolicy, get_policy
+from .stats import DSparkGenerationStats, DSparkRoundStats
+
+
+class DSparkCandidateGenerator(CandidateGenerator):
+    """Candidate generator for a [`DSparkDrafter`] (batch size 1).
+
+    Args:
+        drafter ([`DSparkDrafter`]): the drafter (unwrapped from PEFT if it was wrapped).
+        target ([`PreTrainedModel`]): the model being generated from.
+        generation_config ([`GenerationConfig`]): the call's generation config.
+        logits_processor ([`LogitsProcessorList`], *optional*): the call's processors and warpers; applied to each
+            draft's corrected logits exactly as the target's logits get them.
+        input_ids (`torch.LongTensor` of shape `(batch, seq)`): the prompt.
+        model_kwargs (`dict`): the call's model kwargs (for the attention mask).
+        policy ([`VerificationPolicy`], *optional*): defaults to `drafter.verification_policy`.
+    """
+
+    requires_model_outputs = True
+
+    def __init__(
+        self,
+        drafter: DSparkDrafter,
+        target: PreTrainedModel,
+        generation_config: GenerationConfig,
+        logits_processor: LogitsProcessorList | None,
+        input_ids: torch.LongTensor,
+        model_kwargs: dict[str, Any],
+        policy: VerificationPolicy | None = None,
+    ):
+        _check_inputs(input_ids, model_kwargs)
+        drafter.check_target(target)
+        self.drafter = drafter
+        self.config = drafter.config
+        self.policy = get_policy(policy if policy is not None else getattr(drafter, "verification_policy", None))
+        if self.policy.requires_confidence and drafter.confidence_head is None:
+            raise ValueError(
+                f"The {self.policy.name!r} verification policy needs confidences, but this drafter has no confidence "
+                "head (enable_confidence_head=false). Use the 'full' policy."
+            )
+        # Ask the target for exactly the hidden states the drafter reads (index i + 1 is the output of layer i).
+        self.model_kwargs_overrides = {"output_hidden_states": [i + 1 for i in self.config.target_layer_ids]}
+        self.max_length = generation_config.max_length
+        self.do_sample = generation_config.do_sample
+        self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
+        self.cache = DynamicCache(config=self.config)
+        self.context_length = 0  # target positions whose context K/V are in `self.cache`
+        self.mask_ids = torch.full((1, self.config.block_size - 1), self.config.mask_token_id, dtype=torch.long)
+        self.stats = DSparkGenerationStats(block_size=self.config.block_size)
+        self._pending_round: DSparkRoundStats | None = None
+        drafter.generation_stats = self.stats
+
+    @torch.no_grad()
+    def get_candidates(
+        self,
+        input_ids: torch.LongTensor,
+        model_kwargs: dict[str, Any] | None = None,
+        model_outputs: Any = None,
+        is_first_iteration: bool = False,
+        n_last_matches: int = 0,
+        **kwargs,
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        # The first call precedes the target's prefill: nothing to draft from yet, so the target decodes one token.
+        if is_first_iteration:
+            return input_ids, None
+        hidden_states, logits = self._run_drafter(input_ids, model_outputs)
+        max_drafts = min(self.config.block_size, self.max_length - input_ids.shape[1] - 1)
+        draft_ids, draft_logits, confidences = self._sample_drafts(input_ids, hidden_states, logits, max_drafts)
+        self._pending_round = DSparkRoundStats(confidences=confidences, verified=len(draft_ids))
+        if not draft_ids:
+            return input_ids, None
+        candidates = torch.tensor([draft_ids], dtype=input_ids.dtype, device=input_ids.device)
+        return torch.cat([input_ids, candidates], dim=-1), torch.stack(draft_logits, dim=1)
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
+        if self._pending_round is not None:
+            self._pending_round.accepted = int(num_matches)
+            self.stats.rounds.append(self._pending_round)
+            self._pending_round = None
+
+    def _run_drafter(self, input_ids: torch.LongTensor, model_outputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feeds the newly committed positions' target features to the drafter and drafts the block.
+
+        Returns the block's final-normed hidden states `(block, hidden)` and base logits `(block, vocab)`.
+        """
+        anchor_position = input_ids.shape[1] - 1  # the anchor itself has not been through the target yet
+        features = self._new_target_features(model_outputs, anchor_position - self.context_length)
+        device = self.drafter.device
+        block_ids = torch.cat([input_ids[:, -1:].cpu(), self.mask_ids], dim=-1).to(device)
+        positions = torch.arange(anchor_position, anchor_position + self.config.block_size, device=device)
+        context_positions = torch.arange(self.context_length, anchor_position, device=device)
+        output = self.drafter(
+            input_ids=block_ids,
+            target_hidden_states=features.to(device),
+            position_ids=positions[None],
+            context_position_ids=context_positions[None],
+            cache=self.cache,
+        )
+        self.context_length = anchor_position
+        return output.last_hidden_state[0], output.logits[0].float()
+
+    def _new_target_features(self, model_outputs: Any, num_new: int) -> torch.Tensor:
+        """`(1, num_new, m * hidden)`: the first `num_new` rows of the last target forward's selected layers.
+
+        Those rows are the positions the target just committed: the whole prompt after prefill, else the previous
+        anchor plus the accepted drafts (the rejected tail is dropped).
+        """
+        hidden_states = getattr(model_outputs, "hidden_states", None)
+        if hidden_states is None:
+            raise RuntimeError(
+                "The target returned no hidden states; DSpark needs a target that supports `output_hidden_states` "
+                f"(transformers' generate contract changed? see dspark_hf._transformers_compat)."
+            )
+        layers = [hidden_states[i + 1] for i in self.config.target_layer_ids]
+        if any(layer is None for layer in layers) or layers[0].shape[1] < num_new:
+            raise RuntimeError(
+                f"Expected the target's last forward to cover the {num_new} newly committed positions at hidden-state "
+                f"indices {[i + 1 for i in self.config.target_layer_ids]}; got shapes "
+                f"{[None if layer is None else tuple(layer.shape) for layer in layers]}. Was the prompt prefilled "
+                "outside of generate (a pre-filled cache)? Pass the whole prompt instead."
+            )
+        return torch.cat([layer[:, :num_new] for layer in layers], dim=-1)
+
+    def _sample_drafts(
+        self, input_ids: torch.LongTensor, hidden_states: torch.Tensor, logits: torch.Tensor, max_drafts: int
+    ) -> tuple[list[int], list[torch.Tensor], list[float]]:
+        """Samples drafts left to right: ``z_k = U_k + bias(x_{k-1})``, processors, then argmax or a sample.
+
+        Before sampling slot k, the confidence c_k (which reads x_{k-1} only) is computed and the policy decides
+        whether slot k is drafted at all; the first "no" ends the block.
+        """
+        drafter = self.drafter
+        previous = input_ids[0, -1].to(hidden_states.device)
+        sequence = input_ids
+        state = None
+        draft_ids, draft_logits, confidences = [], [], []
+        for slot in range(max_drafts):
+            raw_confidence = drafter.confidence_logits(hidden_states[slot], previous)
+            if raw_confidence is not None:
+                confidences.append(float(drafter.calibrated_confidence(raw_confidence, slot)))
+            if not self.policy.should_verify(slot + 1, confidences):
+                break
+            corrected = logits[slot]
+            if drafter.markov_head is not None:
+                bias, state = drafter.markov_head(previous, hidden_states[slot], state)
+                corrected = corrected + bias.float()
+            corrected = self.logits_processor(sequence, corrected[None].to(input_ids.device))
+            if self.do_sample:
+                token = torch.multinomial(corrected.softmax(dim=-1), num_samples=1)
+            else:
+                token = corrected.argmax(dim=-1, keepdim=True)
+            draft_ids.append(int(token))
+            draft_logits.append(corrected)
+            sequence = torch.cat([sequence, token.to(sequence.dtype)], dim=-1)
+            previous = token[0, 0].to(hidden_states.device)
+        return draft_ids, draft_logits, confidences
+
+
+def _check_inputs(input_ids: torch.LongTensor, model_kwargs: dict[str, Any]) -> None:
+    """Refuses inputs that the batch-1 assisted loop would mishandle, with the reason and the fix."""
+    if input_ids.shape[0] != 1:
+        raise ValueError(
+            f"DSpark speculative decoding through `generate(assistant_model=...)` runs one sequence at a time, but "
+            f"got a batch of {input_ids.shape[0]}. Generate each prompt separately (transformers' assisted decoding "
+            "loop supports batch size 1 only)."
+        )
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError(
+            "The attention_mask has padding (zeros) for a single sequence. DSpark drafts at absolute positions and "
+            "needs an unpadded prompt: tokenize it without padding (or strip the pad tokens)."
+        )
+    if model_kwargs.get("cache") is not None and model_kwargs["cache"].get_seq_length() > 0:
+        raise ValueError(
+            "generate() was given a pre-filled cache; DSpark needs the target's hidden states for the whole prompt, "
+            "so pass the full prompt without a cache."
+        )

@@ -1,0 +1,425 @@
+"""The DSpark drafter: a parallel block drafter over target features, with a Markov head and a confidence head.
+
+Module tree and tensor names follow the official checkpoint layout (spec section 2) with no prefix: ``embed_tokens``,
+``fc``, ``hidden_norm``, ``layers.{i}``, ``norm``, ``lm_head``, ``markov_head.markov_w{1,2}``,
+``confidence_head.proj``. The draft layers reuse transformers' Qwen3 modules; only the attention's key/value source
+(target context + block, bidirectional) is DSpark's own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from transformers import DynamicCache, PreTrainedModel
+from transformers.modeling_outputs import ModelOutput
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.qwen3.modeling_qwen3 import (
+    Qwen3Attention,
+    Qwen3DecoderLayer,
+    Qwen3RMSNorm,
+    Qwen3RotaryEmbedding,
+    eager_attention_forward,
+    rotate_half,
+)
+from transformers.utils import logging
+
+from .configuration_dspark import DSparkConfig
+
+
+logger = logging.get_logger(__name__)
+
+
+def _apply_rope(states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE (rotate-half) on `(batch, heads, seq, head_dim)` states with `(batch, seq, head_dim)` cos/sin."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return states * cos + rotate_half(states) * sin
+
+
+class DSparkAttention(Qwen3Attention):
+    """Qwen3 attention whose keys/values are the cached target context followed by the block itself.
+
+    The context K/V (`k_norm(k_proj(C))`, `v_proj(C)`, RoPE at the context positions) are computed once per context
+    token by [`DSparkAttention.context_key_values`] and kept in the drafter's cache; block queries attend to all of
+    them and to every block key, with no causal mask (spec section 3.5).
+    """
+
+    def __init__(self, config: DSparkConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.is_causal = False
+
+    def context_key_values(
+        self, context: torch.Tensor, position_embeddings: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K/V of projected target context `(batch, ctx, hidden)` -> two `(batch, kv_heads, ctx, head_dim)`."""
+        shape = (*context.shape[:-1], -1, self.head_dim)
+        keys = self.k_norm(self.k_proj(context).view(shape)).transpose(1, 2)
+        values = self.v_proj(context).view(shape).transpose(1, 2)
+        return _apply_rope(keys, *position_embeddings), values
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        context_key_values: tuple[torch.Tensor, torch.Tensor] | None,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        input_shape = hidden_states.shape[:-1]
+        shape = (*input_shape, -1, self.head_dim)
+        cos, sin = position_embeddings
+        query = _apply_rope(self.q_norm(self.q_proj(hidden_states).view(shape)).transpose(1, 2), cos, sin)
+        keys = _apply_rope(self.k_norm(self.k_proj(hidden_states).view(shape)).transpose(1, 2), cos, sin)
+        values = self.v_proj(hidden_states).view(shape).transpose(1, 2)
+        if context_key_values is not None:
+            keys = torch.cat([context_key_values[0], keys], dim=2)
+            values = torch.cat([context_key_values[1], values], dim=2)
+
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, eager_attention_forward
+        )
+        attn_output, attn_weights = attention_interface(
+            self,
+            query,
+            keys,
+            values,
+            attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout,
+            scaling=self.scaling,
+            **kwargs,
+        )
+        attn_output = self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
+        return attn_output, attn_weights
+
+
+class DSparkDecoderLayer(Qwen3DecoderLayer):
+    """A Qwen3 decoder layer (pre-norm attention + SwiGLU MLP) with [`DSparkAttention`]."""
+
+    def __init__(self, config: DSparkConfig, layer_idx: int):
+        super().__init__(config, layer_idx)
+        self.self_attn = DSparkAttention(config, layer_idx)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        context_key_values: tuple[torch.Tensor, torch.Tensor] | None,
+        attention_mask: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        attn_output, _ = self.self_attn(
+            self.input_layernorm(hidden_states), position_embeddings, context_key_values, attention_mask, **kwargs
+        )
+        hidden_states = hidden_states + attn_output
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class DSparkMarkovHead(nn.Module):
+    """Low-rank transition bias on the draft logits, conditioned on the previously drafted token (spec 3.7).
+
+    - vanilla: ``bias = W2 · W1[prev]``
+    - gated: ``bias = W2 · (σ(gate_proj([h ; W1[prev]])) ⊙ W1[prev])``
+    - rnn: a GRU-like state over the block, ``bias = W2 · tanh(out)``
+    """
+
+    def __init__(self, config: DSparkConfig):
+        super().__init__()
+        rank, hidden = config.markov_rank, config.hidden_size
+        self.head_type = config.markov_head_type
+        self.markov_w1 = nn.Embedding(config.vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, config.vocab_size, bias=False)
+        if self.head_type == "gated":
+            self.gate_proj = nn.Linear(hidden + rank, rank)
+        elif self.head_type == "rnn":
+            self.joint_proj = nn.Linear(2 * rank + hidden, 3 * rank)
+
+    def forward(
+        self, previous_ids: torch.LongTensor, hidden_states: torch.Tensor, state: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """
+        Args:
+            previous_ids (`torch.LongTensor` of shape `(*batch)`): the token drafted just before (the anchor first).
+            hidden_states (`torch.Tensor` of shape `(*batch, hidden)`): the slot's final-normed hidden state.
+            state (`torch.Tensor` of shape `(*batch, rank)`, *optional*): rnn state; `None` at a block's start.
+
+        Returns:
+            `(bias, state)`: the `(*batch, vocab)` logit bias and the new rnn state (`None` for other head types).
+        """
+        embedding = self.markov_w1(previous_ids).to(hidden_states.dtype)
+        if self.head_type == "vanilla":
+            return self.markov_w2(embedding), None
+        if self.head_type == "gated":
+            gate = torch.sigmoid(self.gate_proj(torch.cat([hidden_states, embedding], dim=-1)))
+            return self.markov_w2(gate * embedding), None
+        if state is None:
+            state = torch.zeros_like(embedding)
+        gate, candidate, out = self.joint_proj(torch.cat([state, embedding, hidden_states], dim=-1)).chunk(3, dim=-1)
+        gate = torch.sigmoid(gate)
+        state = gate * state + (1 - gate) * torch.tanh(candidate)
+        return self.markov_w2(torch.tanh(out)), state
+
+    def teacher_forced(self, previous_ids: torch.LongTensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Biases for whole blocks at once, given the true previous tokens (training).
+
+        Args:
+            previous_ids (`torch.LongTensor` of shape `(*batch, block)`), hidden_states `(*batch, block, hidden)`.
+        Returns:
+            `torch.Tensor` of shape `(*batch, block, vocab)`.
+        """
+        if self.head_type != "rnn":
+            return self(previous_ids, hidden_states)[0]
+        state, biases = None, []
+        for k in range(previous_ids.shape[-1]):
+            bias, state = self(previous_ids[..., k], hidden_states[..., k, :], state)
+            biases.append(bias)
+        return torch.stack(biases, dim=-2)
+
+
+class DSparkConfidenceHead(nn.Module):
+    """``c_k = σ(proj([h_k ; W1[x_{k-1}]]))``: the probability that draft k is accepted given all before were."""
+
+    def __init__(self, config: DSparkConfig):
+        super().__init__()
+        with_markov = config.confidence_head_with_markov and config.markov_rank > 0
+        self.with_markov = with_markov
+        self.proj = nn.Linear(config.hidden_size + (config.markov_rank if with_markov else 0), 1)
+
+    def forward(self, hidden_states: torch.Tensor, markov_embedding: torch.Tensor | None) -> torch.Tensor:
+        """Raw confidence logits `(*batch,)` in fp32 from `(*batch, hidden)` states and `(*batch, rank)` embeddings."""
+        features = hidden_states
+        if self.with_markov:
+            features = torch.cat([hidden_states, markov_embedding.to(hidden_states.dtype)], dim=-1)
+        return self.proj(features).squeeze(-1).float()
+
+
+@dataclass
+class DSparkDrafterOutput(ModelOutput):
+    """
+    last_hidden_state (`torch.Tensor` of shape `(batch, block_len, hidden)`): final-normed block states `h_k`.
+    logits (`torch.Tensor` of shape `(batch, block_len, vocab)`, *optional*): base logits `U_k = lm_head(h_k)`,
+        before the Markov bias.
+    cache ([`DynamicCache`], *optional*): per-layer context K/V, extended with this call's new context.
+    """
+
+    last_hidden_state: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+    cache: DynamicCache | None = None
+
+
+class DSparkPreTrainedModel(PreTrainedModel):
+    config_class = DSparkConfig
+    config: DSparkConfig
+    base_model_prefix = ""
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["DSparkDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flex_attn = False
+    _supports_attention_backend = True
+    _keys_to_ignore_on_load_unexpected = [r"rotary_emb\.inv_freq"]
+
+
+class DSparkDrafter(DSparkPreTrainedModel):
+    """The DSpark drafter (``Qwen3DSparkModel`` in the official layout).
+
+    One forward drafts a whole block: the anchor (the last committed token) followed by ``block_size - 1`` mask tokens
+    attends to the target's multi-layer features of every committed position, and gives ``block_size`` hidden states
+    whose logits predict the next ``block_size`` tokens. The Markov head then conditions each draft on the one before
+    it, left to right, and the confidence head says how likely each draft survives verification.
+
+    Use it as `assistant_model` in `generate` (``import dspark_hf`` installs the integration):
+
+    ```python
+    >>> import dspark_hf
+    >>> drafter = dspark_hf.DSparkDrafter.from_target(target, block_size=7, num_hidden_layers=1)  # doctest: +SKIP
+    >>> out = target.generate(**inputs, assistant_model=drafter, max_new_tokens=64)  # doctest: +SKIP
+    ```
+    """
+
+    def __init__(self, config: DSparkConfig):
+        super().__init__(config)
+        hidden = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        self.fc = nn.Linear(config.num_context_features, hidden, bias=False)
+        self.hidden_norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList([DSparkDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
+        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
+        self.markov_head = DSparkMarkovHead(config) if config.markov_rank > 0 else None
+        self.confidence_head = DSparkConfidenceHead(config) if config.enable_confidence_head else None
+        # Filled by every `generate` call that uses this drafter (see `dspark_hf.generation.DSparkGenerationStats`).
+        self.generation_stats = None
+        self.post_init()
+        self.freeze_vocabulary()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def freeze_vocabulary(self) -> None:
+        """Freezes `embed_tokens` and `lm_head`: they are copies of the target's and are never trained."""
+        self.embed_tokens.weight.requires_grad_(False)
+        self.lm_head.weight.requires_grad_(False)
+
+    @classmethod
+    def from_target(cls, target: PreTrainedModel, **kwargs) -> "DSparkDrafter":
+        """A fresh (untrained) drafter for `target`, with the target's embedding and LM head copied in and frozen.
+
+        Args:
+            target ([`PreTrainedModel`]): a decoder-only causal LM (Llama, Qwen2, Qwen3, ...).
+            kwargs: [`DSparkConfig`] keys, e.g. `block_size=7`, `num_hidden_layers=1`, `markov_rank=64`,
+                `target_layer_ids=[1, 9, 17]`.
+        """
+        config = DSparkConfig.from_target_config(target.config, **kwargs)
+        drafter = cls(config)
+        target_embedding = target.get_input_embeddings().weight
+        target_head = target.get_output_embeddings()
+        if target_head is None:
+            raise ValueError(f"{type(target).__name__} has no output embeddings (LM head); pass a *ForCausalLM model.")
+        drafter.to(device=target_embedding.device, dtype=target_embedding.dtype)
+        with torch.no_grad():
+            drafter.embed_tokens.weight.copy_(target_embedding)
+            drafter.lm_head.weight.copy_(target_head.weight)
+        return drafter
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs) -> "DSparkDrafter":
+        """Loads a drafter in the official layout; refuses checkpoints whose tensors do not match the config."""
+        output_loading_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
+        problems = {name: info.get(name) for name in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+        problems = {name: sorted(map(str, keys)) for name, keys in problems.items() if keys}
+        if problems:
+            details = "; ".join(f"{name}: {keys[:8]}{' ...' if len(keys) > 8 else ''}" for name, keys in problems.items())
+            raise ValueError(
+                f"The checkpoint at {pretrained_model_name_or_path!r} does not match its DSpark config ({details}). "
+                "Check markov_rank / markov_head_type / enable_confidence_head / num_hidden_layers in config.json "
+                "against the saved tensors; the checkpoint may be truncated or written for another layout."
+            )
+        model.freeze_vocabulary()
+        return (model, info) if output_loading_info else model
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        target_hidden_states: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        context_position_ids: torch.LongTensor | None = None,
+        cache: DynamicCache | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        compute_logits: bool = True,
+        **kwargs,
+    ) -> DSparkDrafterOutput:
+        r"""
+        input_ids (`torch.LongTensor` of shape `(batch, block_len)`):
+            Block inputs: the anchor then mask tokens (several blocks may be concatenated, as in training).
+        target_hidden_states (`torch.Tensor` of shape `(batch, ctx, len(target_layer_ids) * hidden)`, *optional*):
+            Raw outputs of the target layers `target_layer_ids` for the context positions that are new to `cache`.
+        position_ids (`torch.LongTensor` of shape `(batch, block_len)`):
+            Absolute positions of the block slots (the anchor's position first).
+        context_position_ids (`torch.LongTensor` of shape `(batch, ctx)`, *optional*):
+            Absolute positions of `target_hidden_states`.
+        cache ([`DynamicCache`], *optional*):
+            Context K/V of earlier calls; the new context's K/V are appended to it. The block's K/V never are.
+        attention_mask (`torch.Tensor` of shape `(batch, 1, block_len, cached_ctx + ctx + block_len)`, *optional*):
+            Boolean mask (True = attend) over `[context ; block]` keys. `None` means every slot sees everything.
+        """
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        context_key_values = self._extend_context(target_hidden_states, context_position_ids, cache)
+        position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
+        hidden_states = inputs_embeds
+        for layer, layer_context in zip(self.layers, context_key_values):
+            hidden_states = layer(hidden_states, position_embeddings, layer_context, attention_mask, **kwargs)
+        hidden_states = self.norm(hidden_states)
+        logits = self.lm_head(hidden_states) if compute_logits else None
+        return DSparkDrafterOutput(last_hidden_state=hidden_states, logits=logits, cache=cache)
+
+    def _extend_context(
+        self,
+        target_hidden_states: torch.Tensor | None,
+        context_position_ids: torch.LongTensor | None,
+        cache: DynamicCache | None,
+    ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
+        """Projects new target features once (`fc`, `hidden_norm`, per-layer `k/v_proj`, RoPE) and returns each
+        layer's full context K/V (cached + new)."""
+        num_layers = len(self.layers)
+        if target_hidden_states is None or target_hidden_states.shape[1] == 0:
+            if cache is None or cache.get_seq_length() == 0:
+                return [None] * num_layers
+            return [(layer.keys, layer.values) for layer in cache.layers[:num_layers]]
+        context = self.hidden_norm(self.fc(target_hidden_states.to(self.fc.weight.dtype)))
+        position_embeddings = self.rotary_emb(context, context_position_ids)
+        new = [layer.self_attn.context_key_values(context, position_embeddings) for layer in self.layers]
+        if cache is None:
+            return new
+        return [cache.update(keys, values, i) for i, (keys, values) in enumerate(new)]
+
+    def confidence_logits(self, hidden_states: torch.Tensor, previous_ids: torch.LongTensor) -> torch.Tensor | None:
+        """Raw (uncalibrated) confidence logits for slots with hidden states `(*batch, hidden)` whose previous token
+        is `previous_ids` `(*batch,)`; `None` when the drafter has no confidence head."""
+        if self.confidence_head is None:
+            return None
+        embedding = self.markov_head.markov_w1(previous_ids) if self.confidence_head.with_markov else None
+        return self.confidence_head(hidden_states, embedding)
+
+    def calibrated_confidence(self, confidence_logits: torch.Tensor, slot: int | torch.Tensor) -> torch.Tensor:
+        """``σ(z / T_slot)`` with the Sequential Temperature Scaling temperatures of the config (1 if uncalibrated)."""
+        temperatures = self.config.confidence_temperatures
+        if temperatures is None:
+            return torch.sigmoid(confidence_logits)
+        temperature = torch.as_tensor(temperatures, device=confidence_logits.device)[slot]
+        return torch.sigmoid(confidence_logits / temperature)
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        """Raises `ValueError` when this drafter cannot serve `target`; warns when it looks trained for another one.
+
+        A drafter never changes the output, but one built for another model would either crash mid-generation
+        (wrong shapes) or draft garbage (wrong embeddings), so both are caught up front.
+        """
+        config, target_config = self.config, target.config.get_text_config()
+        checks = [
+            ("hidden size", config.hidden_size, target_config.hidden_size, "hidden_size"),
+            ("vocabulary size", config.vocab_size, target.get_output_embeddings().weight.shape[0], "vocab_size"),
+        ]
+        if config.num_target_layers is not None:
+            checks.append(("number of layers", config.num_target_layers, target_config.num_hidden_layers,
+                           "num_target_layers"))
+        for what, ours, theirs, key in checks:
+            if ours != theirs:
+                raise ValueError(
+                    f"This drafter expects a target {what} of {ours} (config.{key}) but the target "
+                    f"({type(target).__name__}) has {theirs}. Was this drafter trained for another model? "
+                    "Build one with DSparkDrafter.from_target(target) or load the drafter made for this target."
+                )
+        if config.target_layer_ids[-1] >= target_config.num_hidden_layers - 1:
+            raise ValueError(
+                f"target_layer_ids={config.target_layer_ids} needs target layer {config.target_layer_ids[-1]}, but the "
+                f"target has {target_config.num_hidden_layers} layers and its last one is returned final-normed; "
+                f"use ids <= {target_config.num_hidden_layers - 2}."
+            )
+        target_embedding = target.get_input_embeddings().weight
+        rows = torch.linspace(0, config.vocab_size - 1, steps=min(64, config.vocab_size)).long()
+        ours = self.embed_tokens.weight[rows.to(self.embed_tokens.weight.device)].float().cpu()
+        theirs = target_embedding[rows.to(target_embedding.device)].float().cpu()
+        if not torch.allclose(ours, theirs, rtol=1e-2, atol=1e-3):
+            logger.warning(
+                "The drafter's embedding table differs from the target's: it was probably trained for another model. "
+                "Output stays identical to the target's, but few drafts will be accepted."
+            )
+
+
+__all__ = [
+    "DSparkDrafter",
+    "DSparkPreTrainedModel",
+    "DSparkDrafterOutput",
+    "DSparkMarkovHead",
+    "DSparkConfidenceHead",
+]
