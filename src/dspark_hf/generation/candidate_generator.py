@@ -85,8 +85,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
             return input_ids, None
         hidden_states, logits = self._run_drafter(input_ids, model_outputs)
         max_drafts = min(self.config.block_size, self.max_length - input_ids.shape[1] - 1)
-        draft_ids, draft_logits, confidences = self._sample_drafts(input_ids, hidden_states, logits, max_drafts)
-        self._pending_round = DSparkRoundStats(confidences=confidences, verified=len(draft_ids))
+        draft_ids, draft_logits, confidences, raw = self._sample_drafts(input_ids, hidden_states, logits, max_drafts)
+        self._pending_round = DSparkRoundStats(confidences=confidences, verified=len(draft_ids), confidence_logits=raw)
         if not draft_ids:
             return input_ids, None
         candidates = torch.tensor([draft_ids], dtype=input_ids.dtype, device=input_ids.device)
@@ -143,7 +143,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
     def _sample_drafts(
         self, input_ids: torch.LongTensor, hidden_states: torch.Tensor, logits: torch.Tensor, max_drafts: int
-    ) -> tuple[list[int], list[torch.Tensor], list[float]]:
+    ) -> tuple[list[int], list[torch.Tensor], list[float], list[float]]:
         """Samples drafts left to right: ``z_k = U_k + bias(x_{k-1})``, processors, then argmax or a sample.
 
         Before sampling slot k, the confidence c_k (which reads x_{k-1} only) is computed and the policy decides
@@ -153,10 +153,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
         previous = input_ids[0, -1].to(hidden_states.device)
         sequence = input_ids
         state = None
-        draft_ids, draft_logits, confidences = [], [], []
+        draft_ids, draft_logits, confidences, raw_logits = [], [], [], []
         for slot in range(max_drafts):
             raw_confidence = drafter.confidence_logits(hidden_states[slot], previous)
             if raw_confidence is not None:
+                raw_logits.append(float(raw_confidence))
                 confidences.append(float(drafter.calibrated_confidence(raw_confidence, slot)))
             if not self.policy.should_verify(slot + 1, confidences):
                 break
@@ -173,7 +174,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
             draft_logits.append(corrected)
             sequence = torch.cat([sequence, token.to(sequence.dtype)], dim=-1)
             previous = token[0, 0].to(hidden_states.device)
-        return draft_ids, draft_logits, confidences
+        return draft_ids, draft_logits, confidences, raw_logits
 
 
 def _check_inputs(input_ids: torch.LongTensor, model_kwargs: dict[str, Any]) -> None:

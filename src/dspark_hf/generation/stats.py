@@ -13,11 +13,13 @@ class DSparkRoundStats:
         confidences: calibrated c_k of the slots the policy looked at (empty without a confidence head).
         verified: drafts sent to the target (the policy's length ℓ).
         accepted: drafts the target accepted (0..verified); the round commits `accepted + 1` tokens.
+        confidence_logits: raw (uncalibrated) confidence logits z_k matching `confidences` (for calibration).
     """
 
     confidences: list[float]
     verified: int
     accepted: int = 0
+    confidence_logits: list[float] = field(default_factory=list)
 
 
 @dataclass
