@@ -4,7 +4,7 @@ transformers has no public hook for a new kind of assistant, so we wrap two priv
 
 - `GenerationMixin._get_candidate_generator`: when `assistant_model` is a DSpark drafter (possibly PEFT-wrapped),
   return a `DSparkCandidateGenerator`; otherwise defer to transformers.
-- `_BaseAutoModelClass.from_pretrained`: a checkpoint whose `architectures[0]` is a DSpark class (written with
+- `AutoModel.from_pretrained` / `AutoModelForCausalLM.from_pretrained`: a checkpoint whose `architectures[0]` is a DSpark class (written with
   `model_type: "qwen3"` in the official layout) loads as `DSparkDrafter` instead of a plain Qwen3 model that would
   silently drop the DSpark tensors.
 
@@ -21,7 +21,7 @@ import transformers
 from packaging import version
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerationMixin
-from transformers.models.auto.auto_factory import _BaseAutoModelClass
+from transformers import AutoModel, AutoModelForCausalLM
 from transformers.utils import logging
 
 
@@ -101,7 +101,9 @@ def _make_candidate_generator(original):
 
 
 def _make_auto_from_pretrained(original):
-    @functools.wraps(original.__func__)
+    original = original.__func__
+
+    @functools.wraps(original)
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
         from .configuration_dspark import DSPARK_ARCHITECTURES
         from .modeling_dspark import DSparkDrafter
@@ -118,7 +120,7 @@ def _make_auto_from_pretrained(original):
                 config_dict = {}
             if (config_dict.get("architectures") or [None])[0] in DSPARK_ARCHITECTURES:
                 return DSparkDrafter.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-        return original.__func__(cls, pretrained_model_name_or_path, *model_args, **kwargs)
+        return original(cls, pretrained_model_name_or_path, *model_args, **kwargs)
 
     return classmethod(from_pretrained)
 
@@ -132,6 +134,8 @@ def install() -> None:
         return
     _get_candidate_generator._dspark = True
     GenerationMixin._get_candidate_generator = _get_candidate_generator
-    _BaseAutoModelClass.from_pretrained = _make_auto_from_pretrained(_BaseAutoModelClass.from_pretrained)
+    # transformers gives every Auto class its own copy of from_pretrained, so each one is wrapped.
+    for auto_class in (AutoModel, AutoModelForCausalLM):
+        auto_class.from_pretrained = _make_auto_from_pretrained(auto_class.from_pretrained)
     for problem in check_contract():
         logger.warning(f"dspark-hf: {problem}; DSpark generation may misbehave. Pin transformers to the tested range.")

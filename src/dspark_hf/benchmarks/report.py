@@ -1,0 +1,239 @@
+"""Aggregating per-prompt benchmark records and writing them out: JSON, a markdown table and PNG plots.
+
+A *record* is one method's run over one prompt (all its turns) in one mode, as built by
+`dspark_hf.benchmarks.bench.run_benchmark`; the summary pools records per (mode, method, category) and over all
+categories (category `"all"`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+ALL_CATEGORIES = "all"
+
+
+def acceptance_by_position(rounds: Iterable[Sequence[int]]) -> list[float | None]:
+    """For each draft position k = 1..max verified: P(draft k accepted | drafts before k accepted, k verified).
+
+    Args:
+        rounds (`Iterable[Sequence[int]]`): `(verified, accepted)` per round.
+
+    Returns:
+        One rate per position; `None` where no round reached that position.
+    """
+    rounds = [tuple(r) for r in rounds]
+    longest = max((verified for verified, _ in rounds), default=0)
+    rates: list[float | None] = []
+    for position in range(1, longest + 1):
+        reached = [accepted for verified, accepted in rounds if verified >= position and accepted >= position - 1]
+        rates.append(sum(accepted >= position for accepted in reached) / len(reached) if reached else None)
+    return rates
+
+
+def geometric_mean(values: Iterable[float]) -> float | None:
+    """Geometric mean of the positive values (`None` when there are none): the average of per-prompt ratios."""
+    logs = [math.log(v) for v in values if v is not None and v > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def _ratio(numerator: float, denominator: float) -> float | None:
+    return numerator / denominator if denominator else None
+
+
+def summarize_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Pools `records` sharing (mode, method, category); adds a category `"all"` per (mode, method).
+
+    Rates are pooled (total tokens / total seconds, total committed tokens / total forwards); the speed-up is the
+    geometric mean of the per-prompt speed-ups; `identical` counts greedy prompts whose output matched target-only.
+    """
+    groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
+    for record in records:
+        groups[(record["mode"], record["method"], record["category"])].append(record)
+        groups[(record["mode"], record["method"], ALL_CATEGORIES)].append(record)
+    return [_summarize_group(mode, method, category, rows) for (mode, method, category), rows in groups.items()]
+
+
+def _summarize_group(mode: str, method: str, category: str, rows: list[dict]) -> dict[str, Any]:
+    rounds = [tuple(r) for row in rows for r in (row["round_lengths"] or [])]
+    exactness = [row["identical"] for row in rows if row["identical"] is not None]
+    memory = [row["peak_memory_bytes"] for row in rows if row["peak_memory_bytes"] is not None]
+    seconds = sum(row["seconds"] for row in rows)
+    new_tokens = sum(row["new_tokens"] for row in rows)
+    return {
+        "mode": mode,
+        "method": method,
+        "category": category,
+        "prompts": len(rows),
+        "new_tokens": new_tokens,
+        "seconds": seconds,
+        "tokens_per_second": _ratio(new_tokens, seconds),
+        "speedup": geometric_mean(row["speedup"] for row in rows),
+        "tau": _ratio(sum(row["tau_tokens"] for row in rows), sum(row["tau_forwards"] for row in rows)),
+        "tokens_per_forward": _ratio(new_tokens, sum(row["target_forwards"] for row in rows)),
+        "mean_verified": _ratio(sum(v for v, _ in rounds), len(rounds)) if rounds else None,
+        "acceptance_by_position": acceptance_by_position(rounds),
+        "identical": sum(exactness) if exactness else None,
+        "identical_of": len(exactness),
+        "peak_memory_bytes": max(memory) if memory else None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Markdown
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
+    return "—" if value is None else f"{value:.{digits}f}{suffix}"
+
+
+def markdown_table(summary: Sequence[dict[str, Any]], mode: str) -> str:
+    """One row per (category, method) of `mode`, categories in first-seen order with `all` last."""
+    rows = [row for row in summary if row["mode"] == mode]
+    categories = sorted({row["category"] for row in rows}, key=lambda c: (c == ALL_CATEGORIES, c))
+    lines = [
+        "| category | method | prompts | tok/s | speed-up | tau | mean verified | identical | peak mem (MiB) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | :---: | ---: |",
+    ]
+    for category in categories:
+        for row in (r for r in rows if r["category"] == category):
+            identical = "n/a" if row["identical"] is None else f"{row['identical']}/{row['identical_of']}"
+            if row["identical"] is not None and row["identical"] == row["identical_of"]:
+                identical = f"yes ({identical})"
+            memory = None if row["peak_memory_bytes"] is None else row["peak_memory_bytes"] / 2**20
+            lines.append(
+                f"| {category} | {row['method']} | {row['prompts']} | {_fmt(row['tokens_per_second'])} | "
+                f"{_fmt(row['speedup'], suffix='x')} | {_fmt(row['tau'])} | {_fmt(row['mean_verified'])} | "
+                f"{identical} | {_fmt(memory, 1)} |"
+            )
+    return "\n".join(lines)
+
+
+def markdown_report(results: dict[str, Any]) -> str:
+    """The whole markdown report: how it was run, one table per mode, skipped methods."""
+    machine, versions = results["machine"], results["versions"]
+    settings = results["settings"]
+    lines = [
+        "# dspark-hf bench",
+        "",
+        f"- command: `{results['command']}`",
+        f"- machine: {machine.get('cpu_model')} ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch "
+        f"threads){', ' + machine['cuda_device'] if machine.get('cuda_device') else ''}",
+        "- versions: " + ", ".join(f"{name} {version}" for name, version in versions.items()),
+        f"- {settings['num_prompts']} prompts, max {settings['max_new_tokens']} new tokens, "
+        f"seed {settings['seed']}, chat template: {settings['use_chat_template']}",
+        "",
+        "tok/s: generated tokens / wall seconds (pooled); speed-up: geometric mean over prompts of tok/s ÷ target-only "
+        "tok/s on the same prompt; tau: tokens committed per target forward (DSpark: per draft-and-verify round); "
+        "mean verified: drafts sent to the target per forward; identical: greedy outputs equal to target-only.",
+    ]
+    for mode in settings["modes"]:
+        lines += ["", f"## {mode}", "", markdown_table(results["summary"], mode)]
+    if results.get("skipped_methods"):
+        lines += ["", "## Skipped methods", ""]
+        lines += [f"- `{name}`: {reason}" for name, reason in results["skipped_methods"].items()]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Plots
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never opens a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _methods_in_order(rows: Sequence[dict]) -> list[str]:
+    return list(dict.fromkeys(row["method"] for row in rows))
+
+
+def plot_speedup(summary: Sequence[dict], mode: str, path: Path) -> None:
+    """Grouped bars: speed-up over target-only per category, one bar per method."""
+    plt = _pyplot()
+    rows = [r for r in summary if r["mode"] == mode and r["method"] != "target"]
+    categories = sorted({r["category"] for r in rows}, key=lambda c: (c == ALL_CATEGORIES, c))
+    methods = _methods_in_order(rows)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * max(1, len(methods)) / 2), 4))
+    width = 0.8 / max(1, len(methods))
+    lookup = {(r["method"], r["category"]): r["speedup"] for r in rows}
+    for index, method in enumerate(methods):
+        values = [lookup.get((method, category)) or 0.0 for category in categories]
+        ax.bar([c + index * width for c in range(len(categories))], values, width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks([c + width * (len(methods) - 1) / 2 for c in range(len(categories))], categories)
+    ax.set_ylabel("speed-up over target-only (x)")
+    ax.set_title(f"Speed-up per category ({mode})")
+    if methods:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_acceptance(summary: Sequence[dict], mode: str, path: Path) -> None:
+    """Acceptance rate per draft position (all categories pooled), one line per speculative method."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for row in summary:
+        if row["mode"] != mode or row["category"] != ALL_CATEGORIES or not row["acceptance_by_position"]:
+            continue
+        rates = row["acceptance_by_position"]
+        positions = [k + 1 for k, rate in enumerate(rates) if rate is not None]
+        ax.plot(positions, [rate for rate in rates if rate is not None], marker="o", label=row["method"])
+    ax.set_xlabel("draft position k")
+    ax.set_ylabel("P(accept k | 1..k-1 accepted)")
+    ax.set_ylim(0, 1.05)
+    ax.set_title(f"Acceptance per position ({mode})")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_tau_distribution(records: Sequence[dict], mode: str, path: Path) -> None:
+    """Box plot of the per-prompt tau of each method."""
+    plt = _pyplot()
+    rows = [r for r in records if r["mode"] == mode and r["tau"] is not None]
+    methods = _methods_in_order(rows)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(methods)), 4))
+    if methods:
+        ax.boxplot([[r["tau"] for r in rows if r["method"] == m] for m in methods], showmeans=True)
+        ax.set_xticks(range(1, len(methods) + 1), methods, rotation=20)
+    ax.set_ylabel("tau (tokens per target forward)")
+    ax.set_title(f"Per-prompt tau ({mode})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(output_dir: str | Path, results: dict[str, Any], plots: bool = True) -> dict[str, Path]:
+    """Writes `results.json`, `results.md` and (if `plots`) `{speedup,acceptance,tau}_<mode>.png` to `output_dir`.
+
+    Returns the written paths by name.
+    """
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": output_dir / "results.json", "markdown": output_dir / "results.md"}
+    paths["json"].write_text(json.dumps(results, indent=1, allow_nan=False) + "\n", encoding="utf-8")
+    paths["markdown"].write_text(markdown_report(results), encoding="utf-8")
+    if plots:
+        for mode in results["settings"]["modes"]:
+            for name, plot, data in (("speedup", plot_speedup, results["summary"]),
+                                     ("acceptance", plot_acceptance, results["summary"]),
+                                     ("tau", plot_tau_distribution, results["records"])):
+                paths[f"{name}_{mode}"] = output_dir / f"{name}_{mode}.png"
+                plot(data, mode, paths[f"{name}_{mode}"])
+    return paths

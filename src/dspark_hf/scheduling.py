@@ -1,0 +1,301 @@
+"""Hardware-aware verification scheduling (paper Algorithm 1 and its production variant; spec 5.2-5.3).
+
+Pure functions on calibrated confidences and a profiled steps-per-second curve; no model involved.
+
+For request r with calibrated per-position confidences ``c[r][1..γ]``, the prefix survival probability of draft j is
+``a[r][j] = Π_{i<=j} c[r][i]``. Verifying lengths ``ℓ_r`` sends ``B = Σ_r (1 + ℓ_r)`` tokens through the target and
+is expected to commit ``τ = Σ_r (1 + Σ_{j<=ℓ_r} a[r][j])`` tokens, i.e. ``Θ = τ · SPS(B)`` tokens per second.
+
+**How `SPS(B)` is read from a profile.** A profile need not list every size. A size between two profiled ones runs at
+the speed of the next larger profiled size (an engine that captured CUDA graphs only at those sizes pads up to them;
+interpolating would invent speeds between the cliffs that a real profile shows). A size above the largest profiled
+one is not admissible: the scheduler never verifies more tokens than it has measured.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+__all__ = [
+    "StepsPerSecondCurve",
+    "prefix_survival_probabilities",
+    "expected_throughput",
+    "schedule_verification_lengths",
+    "verification_capacity",
+    "top_k_verification_lengths",
+    "schedule_verification_lengths_async",
+]
+
+
+@dataclass(frozen=True)
+class StepsPerSecondCurve:
+    """A profiled ``SPS(B)`` lookup table: target forward steps per second by number of tokens in the forward.
+
+    Build it with [`StepsPerSecondCurve.from_table`]; call it with a token count to get the speed, or `None` when that
+    count is above the largest profiled size (not admissible).
+
+    Example:
+
+    ```python
+    >>> from dspark_hf.scheduling import StepsPerSecondCurve
+    >>> curve = StepsPerSecondCurve.from_table({1: 10.0, 2: 4.0, 8: 3.0})
+    >>> curve(1), curve(2), curve(5), curve(9)
+    (10.0, 4.0, 3.0, None)
+
+    ```
+    """
+
+    sizes: tuple[int, ...]
+    speeds: tuple[float, ...]
+
+    @classmethod
+    def from_table(cls, table: "StepsPerSecondCurve | Mapping | Sequence[float]") -> "StepsPerSecondCurve":
+        """Normalizes a table to a curve.
+
+        Args:
+            table: a mapping ``{num_tokens: steps_per_second}`` (keys may be JSON strings such as ``"4"``), or a list
+                whose entry ``i`` is the speed at ``i + 1`` tokens (entry 0 is plain decoding), or a curve. Use
+                `dspark_hf.profiling.load_steps_per_second` for a saved profile file.
+        """
+        if isinstance(table, StepsPerSecondCurve):
+            return table
+        if isinstance(table, Mapping):
+            items = list(table.items())
+        elif isinstance(table, Sequence) and not isinstance(table, (str, bytes)):
+            items = [(i + 1, v) for i, v in enumerate(table)]
+        else:
+            raise TypeError(
+                f"steps_per_second must be a mapping {{num_tokens: steps/s}} or a list indexed by num_tokens - 1, got "
+                f"{type(table).__name__}. For a saved profile use dspark_hf.profiling.load_steps_per_second(path)."
+            )
+        pairs = {}
+        for key, value in items:
+            try:
+                size, speed = int(key), float(value)
+            except (TypeError, ValueError):
+                raise ValueError(
+                    f"steps_per_second entry {key!r}: {value!r} is not (token count, speed). A whole profile file? "
+                    "Load it with dspark_hf.profiling.load_steps_per_second(path)."
+                ) from None
+            if size < 1 or not math.isfinite(speed) or speed <= 0:
+                raise ValueError(f"steps_per_second needs token counts >= 1 and finite speeds > 0, got {key!r}: {value!r}.")
+            pairs[size] = speed
+        if not pairs:
+            raise ValueError("steps_per_second is empty; profile the target first (`dspark-hf profile`).")
+        sizes = tuple(sorted(pairs))
+        return cls(sizes=sizes, speeds=tuple(pairs[s] for s in sizes))
+
+    @property
+    def max_tokens(self) -> int:
+        """The largest admissible number of tokens in one verification forward."""
+        return self.sizes[-1]
+
+    def __call__(self, num_tokens: int) -> float | None:
+        """Steps per second of a forward over `num_tokens` tokens, or `None` above the largest profiled size."""
+        index = bisect.bisect_left(self.sizes, num_tokens)
+        return self.speeds[index] if index < len(self.sizes) else None
+
+
+def _confidence_rows(confidences) -> list[list[float]]:
+    """Validates per-request confidence rows (2-D tensor or ragged sequences) and returns them as Python floats."""
+    if isinstance(confidences, torch.Tensor):
+        if confidences.dim() != 2:
+            raise ValueError(
+                f"confidences must be 2-D (requests, positions), got a tensor of shape {tuple(confidences.shape)}; "
+                "for one request pass confidences[None]."
+            )
+        rows = confidences.detach().double().cpu().tolist()
+    else:
+        rows = []
+        for row in confidences:
+            if isinstance(row, (int, float)):
+                raise ValueError(
+                    "confidences must hold one sequence per request, got a flat sequence of numbers; for one request "
+                    "pass [confidences]."
+                )
+            rows.append([float(c) for c in (row.detach().double().cpu().tolist() if torch.is_tensor(row) else row)])
+    for r, row in enumerate(rows):
+        for j, c in enumerate(row):
+            if not 0.0 <= c <= 1.0:  # also rejects NaN
+                raise ValueError(
+                    f"confidences[{r}][{j}] = {c} is not a probability in [0, 1]; pass calibrated c_k = σ(z_k / T_k), "
+                    "not raw confidence logits."
+                )
+    return rows
+
+
+def prefix_survival_probabilities(confidences) -> list[list[float]]:
+    """``a[r][j] = Π_{i<=j} c[r][i]`` for every request r and position j (0-based in the returned lists).
+
+    Args:
+        confidences (`torch.Tensor` of shape `(requests, positions)`, or a sequence of per-request sequences that
+            may differ in length): calibrated per-position confidences c_k in [0, 1].
+    """
+    survival = []
+    for row in _confidence_rows(confidences):
+        products, a = [], 1.0
+        for c in row:
+            a *= c  # left to right, so every caller gets bit-identical products
+            products.append(a)
+        survival.append(products)
+    return survival
+
+
+def expected_throughput(confidences, lengths: Sequence[int], steps_per_second) -> float:
+    """``Θ = τ · SPS(B)`` expected committed tokens per second when request r verifies `lengths[r]` drafts.
+
+    Returns 0.0 when ``B = Σ (1 + ℓ_r)`` is above the profiled range.
+    """
+    survival = prefix_survival_probabilities(confidences)
+    if len(lengths) != len(survival):
+        raise ValueError(f"Got {len(lengths)} lengths for {len(survival)} requests.")
+    for r, (length, row) in enumerate(zip(lengths, survival)):
+        if not 0 <= length <= len(row):
+            raise ValueError(f"lengths[{r}] = {length} is outside [0, {len(row)}] (the drafts that request has).")
+    curve = StepsPerSecondCurve.from_table(steps_per_second)
+    tau = sum(1.0 + sum(row[:length]) for length, row in zip(lengths, survival))
+    speed = curve(sum(1 + length for length in lengths))
+    return tau * speed if speed is not None else 0.0
+
+
+def _candidates_by_survival(survival: list[list[float]]) -> list[tuple[int, int, float]]:
+    """All ``(r, j, a[r][j])`` with ``a > 0`` (j 1-based), sorted by a descending.
+
+    The sort is stable over the (r, j) enumeration order, so ties keep j order within a request (prefixes stay
+    contiguous) and lower request index first across requests.
+    """
+    candidates = [(r, j + 1, a) for r, row in enumerate(survival) for j, a in enumerate(row) if a > 0.0]
+    return sorted(candidates, key=lambda item: -item[2])
+
+
+def _base_speed(curve: StepsPerSecondCurve, num_requests: int) -> float:
+    speed = curve(num_requests)
+    if speed is None:
+        raise ValueError(
+            f"The steps-per-second profile covers forwards of up to {curve.max_tokens} tokens, but {num_requests} "
+            "requests need at least one token each; profile larger sizes (`dspark-hf profile --max-tokens N`)."
+        )
+    return speed
+
+
+def schedule_verification_lengths(confidences, steps_per_second) -> list[int]:
+    """Paper Algorithm 1: per-request verification lengths that greedily maximize expected tokens per second.
+
+    Candidates (r, j) with ``a[r][j] > 0`` are admitted in order of decreasing ``a`` (stable: ties keep j order, then
+    request order). Each admission adds one token to the forward and ``a[r][j]`` expected committed tokens; the
+    search stops at the first admission that does not strictly improve ``Θ = τ · SPS(B)``.
+
+    That early stop is what makes the schedule lossless (non-anticipating, spec 5.2 / paper Appendix A): whether
+    draft (r, k) is admitted depends only on candidates ranked above it, and the ones of request r among them are
+    j < k, computed before x_{r,k} is sampled. A search that looks past the first non-improving step is biased.
+
+    Args:
+        confidences (`torch.Tensor` of shape `(requests, positions)`, or a sequence of per-request sequences that
+            may differ in length): calibrated per-position confidences ``c[r][k]`` in [0, 1].
+        steps_per_second (`Mapping[int, float]`, `Sequence[float]` or [`StepsPerSecondCurve`]): the target's profiled
+            forward steps per second by number of tokens in the forward (see the module docstring for sizes that
+            are not in the table).
+
+    Returns:
+        `list[int]`: ``ℓ_r`` for each request, in ``[0, len(confidences[r])]``.
+
+    Example (the paper's Appendix A setting, with the early break):
+
+    ```python
+    >>> from dspark_hf.scheduling import schedule_verification_lengths
+    >>> schedule_verification_lengths([[0.8, 0.9]], {1: 1.0, 2: 0.5, 3: 0.45})
+    [0]
+    >>> schedule_verification_lengths([[0.9, 0.9], [0.5, 0.5]], {1: 10.0, 2: 9.0, 3: 8.5, 4: 8.0, 5: 5.0})
+    [2, 0]
+
+    ```
+    """
+    survival = prefix_survival_probabilities(confidences)
+    curve = StepsPerSecondCurve.from_table(steps_per_second)
+    num_requests = len(survival)
+    if num_requests == 0:
+        return []
+    lengths = [0] * num_requests
+    num_tokens, tau = num_requests, float(num_requests)
+    best = tau * _base_speed(curve, num_requests)
+    for r, j, a in _candidates_by_survival(survival):
+        speed = curve(num_tokens + 1)
+        theta = (tau + a) * speed if speed is not None else -math.inf
+        if not theta > best:
+            break  # early stop: never look at candidates ranked below a non-improving one
+        lengths[r] = j
+        num_tokens, tau, best = num_tokens + 1, tau + a, theta
+    return lengths
+
+
+def verification_capacity(stale_confidences, steps_per_second, num_requests: int | None = None) -> int:
+    """Production scheduler, step 1 (spec 5.3): the number K of drafts to verify this step, from stale confidences.
+
+    Maximizes ``(R + Σ_{top K} a_stale) · SPS(R + K)`` over every K by global search, without Algorithm 1's early
+    break, so the jagged cliffs of a real SPS curve do not trap it. This is lossless only because the confidences are
+    stale (e.g. two steps old): K cannot depend on the drafts being verified now. Ties keep the smaller K.
+
+    Args:
+        stale_confidences: per-request calibrated confidences from an earlier step (same forms as
+            [`schedule_verification_lengths`]).
+        steps_per_second: the profiled curve.
+        num_requests (`int`, *optional*): R, the requests in the coming step (defaults to the stale row count, for
+            when requests joined or left since).
+
+    Returns:
+        `int`: K, the total number of drafts to admit (0 means plain decoding for everyone).
+    """
+    survival = prefix_survival_probabilities(stale_confidences)
+    curve = StepsPerSecondCurve.from_table(steps_per_second)
+    num_requests = len(survival) if num_requests is None else int(num_requests)
+    if num_requests <= 0:
+        return 0
+    gains = [a for _, _, a in _candidates_by_survival(survival)]
+    best_capacity, best = 0, num_requests * _base_speed(curve, num_requests)
+    tau = float(num_requests)
+    for capacity, a in enumerate(gains, start=1):
+        speed = curve(num_requests + capacity)
+        if speed is None:
+            break  # every larger K is out of the profiled range as well
+        tau += a
+        if tau * speed > best:
+            best_capacity, best = capacity, tau * speed
+    return best_capacity
+
+
+def top_k_verification_lengths(confidences, capacity: int) -> list[int]:
+    """Production scheduler, step 2 (spec 5.3): admit the `capacity` drafts with the highest *current* ``a[r][j]``.
+
+    Rank-preserving and non-anticipating: draft (r, k) is admitted iff fewer than `capacity` candidates rank above
+    it, and the ones of request r that could are j < k. Drafts with ``a = 0`` are never admitted.
+
+    Returns:
+        `list[int]`: ``ℓ_r`` for each request; ``Σ ℓ_r <= capacity``.
+    """
+    if capacity < 0:
+        raise ValueError(f"capacity must be >= 0, got {capacity}.")
+    survival = prefix_survival_probabilities(confidences)
+    lengths = [0] * len(survival)
+    for r, j, _ in _candidates_by_survival(survival)[:capacity]:
+        lengths[r] = j  # stable order admits j - 1 before j, so this only ever extends a prefix
+    return lengths
+
+
+def schedule_verification_lengths_async(confidences, stale_confidences, steps_per_second) -> list[int]:
+    """The production scheduler of spec 5.3: K from stale confidences by global search, then top-K by current ones.
+
+    Args:
+        confidences: this step's calibrated confidences, one row per request now in the batch.
+        stale_confidences: the confidences the capacity is planned from (e.g. two steps old).
+        steps_per_second: the profiled curve.
+    """
+    num_requests = len(prefix_survival_probabilities(confidences))
+    capacity = verification_capacity(stale_confidences, steps_per_second, num_requests=num_requests)
+    return top_k_verification_lengths(confidences, capacity)
+
