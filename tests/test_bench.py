@@ -1,0 +1,245 @@
+"""`dspark-hf bench`: prompt files, multi-turn chat assembly, round accounting and a tiny end-to-end run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from conftest import TINY, make_drafter, make_target
+from dspark_hf.benchmarks import (
+    BenchSettings,
+    acceptance_by_position,
+    build_methods,
+    load_prompts,
+    load_steps_per_second,
+    read_prompt_file,
+    render_conversation,
+    rounds_from_forward_calls,
+    run_benchmark,
+    run_conversation,
+)
+from dspark_hf.benchmarks import bench as bench_module
+from dspark_hf.benchmarks.methods import measure_generation, generation_kwargs
+from dspark_hf.benchmarks.prompts import conversation_messages, select_per_category
+
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|> {{ message['content'] }} </s> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>"]
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    """A word-level tokenizer whose vocabulary fills the tiny models' 97 ids, with a chat template."""
+    words = [f"w{i}" for i in range(TINY["vocab_size"] - len(SPECIAL))]
+    vocab = {token: index for index, token in enumerate(SPECIAL + words)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+        additional_special_tokens=["<|user|>", "<|assistant|>"],
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def prompt_files(tmp_path):
+    plain = write_jsonl(tmp_path / "chat.jsonl", [
+        {"turns": ["w1 w2 w3 w1 w2 w3", "w4 w5"]},
+        {"turns": ["w6 w7 w8"]},
+        {"turns": ["w9 w10"]},
+    ])
+    spec_bench = write_jsonl(tmp_path / "question.jsonl", [
+        {"question_id": 81, "category": "writing", "turns": ["w11 w12", "w13"]},
+        {"question_id": 82, "category": "math", "turns": ["w14 w15 w16"]},
+        {"question_id": 83, "category": "writing", "turns": ["w17"]},
+    ])
+    return plain, spec_bench
+
+
+# --- prompt files -----------------------------------------------------------------------------------------------
+
+
+def test_plain_turns_file_takes_category_from_file_stem(prompt_files):
+    prompts = read_prompt_file(prompt_files[0])
+    assert [p.category for p in prompts] == ["chat"] * 3
+    assert [p.prompt_id for p in prompts] == ["chat-1", "chat-2", "chat-3"]
+    assert prompts[0].turns == ("w1 w2 w3 w1 w2 w3", "w4 w5")
+
+
+def test_spec_bench_file_keeps_question_id_and_category(prompt_files):
+    prompts = read_prompt_file(prompt_files[1])
+    assert [(p.prompt_id, p.category) for p in prompts] == [("81", "writing"), ("82", "math"), ("83", "writing")]
+
+
+def test_start_and_limit_apply_per_category(prompt_files):
+    prompts = load_prompts(prompt_files, start=1, limit=1)
+    assert [p.prompt_id for p in prompts] == ["chat-2", "83"]
+    assert len(select_per_category(load_prompts(prompt_files), limit=1)) == 3  # chat, writing, math
+
+
+def test_bad_records_name_the_line(tmp_path):
+    with pytest.raises(ValueError, match="bad-1"):
+        read_prompt_file(write_jsonl(tmp_path / "bad.jsonl", [{"turns": []}]))
+    with pytest.raises(ValueError, match="No prompts selected"):
+        load_prompts([write_jsonl(tmp_path / "one.jsonl", [{"turns": ["w1"]}])], start=5)
+
+
+def test_real_eval_files_parse_if_present():
+    from pathlib import Path
+
+    eval_dir = Path("/work/shared/data/eval")
+    if not eval_dir.is_dir():
+        pytest.skip("shared eval prompts not on this machine")
+    prompts = load_prompts(sorted(eval_dir.glob("*.jsonl")), limit=2)
+    assert {p.category for p in prompts} >= {"gsm8k", "mt-bench"}
+    assert all(len(p.turns) == 2 for p in prompts if p.category == "mt-bench")
+
+
+# --- multi-turn chat assembly -----------------------------------------------------------------------------------
+
+
+def test_conversation_messages_interleave_answers():
+    messages = conversation_messages(["q1", "q2", "q3"], ["a1", "a2"])
+    assert [(m["role"], m["content"]) for m in messages] == [
+        ("user", "q1"), ("assistant", "a1"), ("user", "q2"), ("assistant", "a2"), ("user", "q3")]
+    with pytest.raises(ValueError, match="no turn left"):
+        conversation_messages(["q1"], ["a1"])
+
+
+def test_render_conversation_uses_chat_template():
+    tokenizer = make_tokenizer()
+    text = render_conversation(tokenizer, ["w1 w2", "w3"], ["w4 w5"])
+    assert text == "<|user|> w1 w2 </s> <|assistant|> w4 w5 </s> <|user|> w3 </s> <|assistant|>"
+    assert render_conversation(tokenizer, ["w1", "w3"], ["w4"], use_chat_template=False) == "w1\n\nw4\n\nw3"
+    tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="--no-chat-template"):
+        render_conversation(tokenizer, ["w1"], [])
+
+
+def test_second_turn_prompt_contains_first_generated_answer(prompt_files):
+    target, tokenizer = make_target(), make_tokenizer()
+    methods, _ = build_methods(prompt_lookup_num_tokens=None)
+    prompt = read_prompt_file(prompt_files[0])[0]
+    run = run_conversation(target, tokenizer, methods[0], prompt, "greedy", BenchSettings(max_new_tokens=6))
+    assert len(run.turns) == 2 and all(run.answers)
+    expected = render_conversation(tokenizer, prompt.turns, run.answers[:1])
+    assert run.prompt_lengths[1] == len(tokenizer(expected, add_special_tokens=False)["input_ids"])
+    assert run.prompt_lengths[1] > run.prompt_lengths[0] + len(tokenizer(run.answers[0])["input_ids"])
+
+
+# --- round accounting -------------------------------------------------------------------------------------------
+
+
+def test_rounds_from_forward_calls():
+    # prompt of 5: prefill verifies 2 drafts and accepts 1 (commits 2), then one draft accepted (+2),
+    # then 3 verified / 0 accepted, and the last round commits 3 (2 accepted) up to length 5 + 2 + 2 + 1 + 3.
+    calls = [(0, 7), (6, 2), (8, 4), (9, 4)]
+    assert rounds_from_forward_calls(calls, prompt_length=5, final_length=13) == [(2, 1), (1, 1), (3, 0), (3, 2)]
+    assert rounds_from_forward_calls([(0, 5), (5, 1), (6, 1)], 5, 8) == [(0, 0)] * 3  # plain decoding
+    assert rounds_from_forward_calls([(None, 5)], 5, 6) is None
+
+
+def test_acceptance_by_position():
+    assert acceptance_by_position([(3, 3), (3, 1), (2, 0), (0, 0)]) == [2 / 3, 1 / 2, 1.0]
+    assert acceptance_by_position([]) == []
+
+
+def test_forward_hook_rounds_match_dspark_statistics():
+    target = make_target()
+    drafter = make_drafter(target, block_size=4)
+    methods, _ = build_methods(drafter=drafter, policies=["full"], prompt_lookup_num_tokens=None)
+    input_ids = torch.tensor([[5, 17, 33, 8, 5, 17]])
+    measurement = measure_generation(target, input_ids, methods[1], generation_kwargs("greedy", 12, 0))
+    assert measurement.rounds[0] == (0, 0)  # the prefill drafts nothing
+    assert measurement.rounds[1:] == measurement.dspark_rounds
+    assert measurement.target_forwards == len(measurement.rounds)
+
+
+# --- methods ----------------------------------------------------------------------------------------------------
+
+
+def test_unavailable_policies_are_skipped_with_a_reason():
+    target = make_target()
+    drafter = make_drafter(target, enable_confidence_head=False)
+    methods, skipped = build_methods(
+        drafter=drafter, policies=["full", "threshold", "hardware_aware", "nonexistent"], prompt_lookup_num_tokens=None
+    )
+    assert [m.name for m in methods] == ["target", "dspark_full"]
+    assert "--sps" in skipped["dspark_hardware_aware"]
+    assert "confidence head" in skipped["dspark_threshold"]
+    assert "not available" in skipped["dspark_nonexistent"]
+
+
+def test_steps_per_second_profile_layouts(tmp_path):
+    expected = {1: 10.0, 2: 4.0}
+    for data in ({"1": 10.0, "2": 4.0}, {"steps_per_second": {"1": 10.0, "2": 4.0}},
+                 {"rows": [{"num_tokens": 1, "steps_per_second": 10.0}, {"num_tokens": 2, "steps_per_second": 4.0}]}):
+        (tmp_path / "sps.json").write_text(json.dumps(data))
+        assert load_steps_per_second(tmp_path / "sps.json") == expected
+    (tmp_path / "sps.json").write_text(json.dumps({"steps_per_second": 3}))
+    with pytest.raises(ValueError, match="dspark-hf profile"):
+        load_steps_per_second(tmp_path / "sps.json")
+
+
+# --- end to end -------------------------------------------------------------------------------------------------
+
+
+def test_in_memory_benchmark_compares_all_methods(prompt_files):
+    target, tokenizer = make_target(), make_tokenizer()
+    drafter = make_drafter(target)
+    methods, skipped = build_methods(
+        drafter=drafter, policies=["full", "threshold", "hardware_aware"],
+        policy_kwargs={"hardware_aware": {"steps_per_second": {1: 10.0, 2: 9.0, 3: 8.5, 4: 8.0, 5: 7.5}}},
+        dflash_drafter=make_drafter(target, seed=3, markov_rank=0),
+        assistant=make_target(seed=7, num_hidden_layers=1), num_assistant_tokens=3, prompt_lookup_num_tokens=3,
+    )
+    assert not skipped
+    prompts = load_prompts(prompt_files[:1], limit=2)
+    records = run_benchmark(target, tokenizer, methods, prompts, BenchSettings(modes=("greedy", "sample"),
+                                                                                max_new_tokens=8))
+    assert len(records) == len(prompts) * 2 * len(methods)
+    greedy = [r for r in records if r["mode"] == "greedy"]
+    assert all(r["identical"] for r in greedy), [(r["method"], r["prompt_id"]) for r in greedy if not r["identical"]]
+    assert all(r["identical"] is None for r in records if r["mode"] == "sample")
+    for record in records:
+        assert record["tau"] >= 1.0 and record["new_tokens"] > 0 and record["speedup"] > 0
+    assert {r["tau"] for r in records if r["method"] == "target"} == {1.0}
+
+
+def test_cli_writes_json_markdown_and_plots(prompt_files, tmp_path, monkeypatch):
+    target, tokenizer = make_target(), make_tokenizer()
+    monkeypatch.setattr(bench_module, "load_target", lambda *args, **kwargs: (target, tokenizer))
+    sps = tmp_path / "sps.json"
+    sps.write_text(json.dumps({"steps_per_second": {"1": 10.0, "2": 9.0, "3": 8.0}}))
+    output_dir = tmp_path / "out"
+    argv = ["--target", "tiny", "--drafter", "untrained", "--dflash-drafter", "untrained", "--prompts",
+            *map(str, prompt_files), "--limit", "1", "--max-new-tokens", "6", "--sps", str(sps),
+            "--prompt-lookup-num-tokens", "3", "--output-dir", str(output_dir), "--no-progress"]
+    assert bench_module.main(argv) == 0
+    results = json.loads((output_dir / "results.json").read_text())
+    assert results["argv"] == argv and results["command"].startswith("dspark-hf bench --target tiny")
+    assert {"cpu_model", "cpu_count", "torch_threads"} <= set(results["machine"])
+    assert {"torch", "transformers", "dspark_hf", "python"} <= set(results["versions"])
+    methods = {m["name"] for m in results["methods"]}
+    assert methods == {"target", "prompt_lookup", "dflash", "dspark_full", "dspark_threshold", "dspark_hardware_aware"}
+    assert {r["category"] for r in results["records"]} == {"chat", "writing", "math"}
+    assert all(r["identical"] for r in results["records"])
+    summary = [row for row in results["summary"] if row["category"] == "all"]
+    assert all(row["identical"] == row["identical_of"] == 3 for row in summary)
+    markdown = (output_dir / "results.md").read_text()
+    assert "| all | dspark_full |" in markdown and "yes (3/3)" in markdown
+    for name in ("speedup", "acceptance", "tau"):
+        assert (output_dir / f"{name}_greedy.png").stat().st_size > 1000

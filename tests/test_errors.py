@@ -1,0 +1,80 @@
+"""Bad input gets a clear error naming the value and the fix."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_drafter, make_target
+from dspark_hf import DSparkConfig, DSparkDrafter, ThresholdPolicy
+
+
+PROMPT = torch.tensor([[5, 6, 7]])
+
+
+def test_drafter_for_another_hidden_size_is_refused():
+    drafter = make_drafter(make_target(hidden_size=32))
+    other = make_target(hidden_size=48, num_attention_heads=4)
+    with pytest.raises(ValueError, match=r"hidden size of 32 \(config.hidden_size\) but the target .* has 48"):
+        other.generate(PROMPT, assistant_model=drafter, max_new_tokens=4)
+
+
+def test_drafter_for_another_vocabulary_is_refused():
+    drafter = make_drafter(make_target(vocab_size=97))
+    other = make_target(vocab_size=120)
+    # transformers would take a vocab-size mismatch for "different tokenizers"; ours must say what is wrong first.
+    with pytest.raises(ValueError, match="vocabulary size of 97"):
+        other.generate(PROMPT, assistant_model=drafter, max_new_tokens=4, tokenizer=object(),
+                       assistant_tokenizer=object())
+
+
+def test_drafter_for_another_depth_is_refused():
+    drafter = make_drafter(make_target(num_hidden_layers=4))
+    with pytest.raises(ValueError, match="number of layers of 4"):
+        make_target(num_hidden_layers=6).generate(PROMPT, assistant_model=drafter, max_new_tokens=4)
+
+
+def test_last_target_layer_is_refused():
+    target = make_target(num_hidden_layers=4)
+    with pytest.raises(ValueError, match=r"last layer \(3\) cannot be used"):
+        DSparkDrafter.from_target(target, target_layer_ids=[1, 3])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(target_layer_ids=[2, 1]), "strictly increasing"),
+        (dict(mask_token_id=500), "mask_token_id must be an id in"),
+        (dict(markov_head_type="lstm"), "markov_head_type must be one of"),
+        (dict(block_size=0), "block_size must be >= 1"),
+        (dict(confidence_temperatures=[1.0]), "confidence_temperatures must hold"),
+    ],
+)
+def test_invalid_config_values_are_named(kwargs, message):
+    base = dict(vocab_size=97, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                intermediate_size=64, mask_token_id=0, target_layer_ids=[0, 1])
+    with pytest.raises(ValueError, match=message):
+        DSparkConfig(**{**base, **kwargs})
+
+
+def test_batch_larger_than_one_is_refused_with_a_clear_message(target, drafter):
+    with pytest.raises(ValueError, match="got a batch of 2"):
+        target.generate(torch.tensor([[5, 6, 7], [8, 9, 10]]), assistant_model=drafter, max_new_tokens=4)
+
+
+def test_padded_prompt_is_refused(target, drafter):
+    with pytest.raises(ValueError, match="attention_mask has padding"):
+        target.generate(PROMPT, attention_mask=torch.tensor([[0, 1, 1]]), assistant_model=drafter, max_new_tokens=4)
+
+
+def test_confidence_policy_needs_a_confidence_head(target):
+    drafter = make_drafter(target, enable_confidence_head=False)
+    drafter.verification_policy = ThresholdPolicy(0.5)
+    with pytest.raises(ValueError, match="needs confidences"):
+        target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4)
+
+
+def test_unknown_policy_name_is_refused(target, drafter):
+    drafter.verification_policy = "sometimes"
+    with pytest.raises(ValueError, match="Unknown verification policy 'sometimes'"):
+        target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4)

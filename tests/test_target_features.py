@@ -1,0 +1,56 @@
+"""The drafter sees exactly the target's layer outputs of every committed position, once, in order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import make_drafter, make_target
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_context_features_match_a_full_target_forward(arch):
+    target = make_target(arch, seed=7)
+    drafter = make_drafter(target, block_size=3, target_layer_ids=[-1, 1, 2])
+    seen_features, seen_positions = [], []
+
+    def record(module, args, kwargs):
+        seen_features.append(kwargs["target_hidden_states"])
+        seen_positions.append(kwargs["context_position_ids"])
+
+    handle = drafter.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        out = target.generate(torch.tensor([[3, 14, 15, 9, 26]]), assistant_model=drafter, do_sample=False,
+                              max_new_tokens=20)
+    finally:
+        handle.remove()
+
+    features = torch.cat(seen_features, dim=1)[0]
+    positions = torch.cat(seen_positions, dim=1)[0]
+    # Every position before the last round's anchor, exactly once and in order.
+    assert positions.tolist() == list(range(positions.shape[0]))
+    with torch.no_grad():
+        reference = target(out, output_hidden_states=True).hidden_states
+    expected = torch.cat([reference[i + 1][0] for i in drafter.config.target_layer_ids], dim=-1)
+    torch.testing.assert_close(features, expected[: features.shape[0]], rtol=1e-4, atol=1e-5)
+
+
+def test_drafter_cache_holds_one_entry_per_committed_position(target, drafter):
+    from dspark_hf.generation.candidate_generator import DSparkCandidateGenerator
+
+    generators = []
+    original_init = DSparkCandidateGenerator.__init__
+
+    def spy(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        generators.append(self)
+
+    DSparkCandidateGenerator.__init__ = spy
+    try:
+        out = target.generate(torch.tensor([[3, 4, 5]]), assistant_model=drafter, do_sample=False, max_new_tokens=15)
+    finally:
+        DSparkCandidateGenerator.__init__ = original_init
+    (generator,) = generators
+    # The cache covers all positions up to the last anchor; block K/V are never kept.
+    assert generator.cache.get_seq_length() == generator.context_length
+    assert generator.context_length <= out.shape[1] - 1
