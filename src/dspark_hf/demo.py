@@ -1,0 +1,102 @@
+"""`dspark-hf demo`: the embedded default target with and without DSpark, side by side, offline.
+
+For each prompt (math, code, chat) it generates target-only greedy, then with the DSpark drafter (streaming the text),
+checks the two texts are identical, and prints tokens/s, speed-up, tau and the per-round verified/accepted lengths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import TextStreamer
+
+from .generation.policies import get_policy
+from .modeling_dspark import DSparkDrafter
+from .models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, load_target
+
+
+DEMO_PROMPTS = [
+    ("math", "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+             "How many clips did Natalia sell altogether in April and May? Think step by step."),
+    ("code", "Write a Python function `is_palindrome(s: str) -> bool` that ignores case and spaces, "
+             "with a docstring and two examples."),
+    ("chat", "Give me three tips for staying focused while working from home."),
+]
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dspark-hf demo", description=__doc__)
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="target model name or path (default: %(default)s)")
+    parser.add_argument("--drafter", default=None,
+                        help="drafter path or repo id (default: the drafter shipped for the embedded target)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--policy", default=None, help="verification policy: full, threshold (default: drafter's)")
+    parser.add_argument("--threshold", type=float, default=None, help="confidence threshold for --policy threshold")
+    parser.add_argument("--no-stream", action="store_true", help="do not stream the DSpark text")
+    parser.add_argument("--prompt", action="append", default=None, help="your own prompt(s) instead of the demo set")
+    return parser.parse_args(argv)
+
+
+def _load_drafter(args: argparse.Namespace, target) -> DSparkDrafter:
+    if args.drafter is not None:
+        return DSparkDrafter.from_pretrained(args.drafter).eval()
+    path = EMBEDDED_DRAFTERS.get(args.target)
+    if path is not None and (path / "config.json").exists():
+        return DSparkDrafter.from_pretrained(path).eval()
+    print(f"[demo] no trained drafter ships for {args.target!r}: using an UNTRAINED one "
+          "(output is still identical; expect no speed-up). Pass --drafter PATH for a trained one.")
+    return DSparkDrafter.from_target(target).eval()
+
+
+def _timed_generate(target, inputs, **kwargs) -> tuple[torch.Tensor, float]:
+    start = time.perf_counter()
+    out = target.generate(**inputs, do_sample=False, **kwargs)
+    return out, time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    torch.manual_seed(0)
+    print(f"[demo] loading target {args.target} (the first run converts the packaged GGUF once)...")
+    target, tokenizer = load_target(args.target)
+    drafter = _load_drafter(args, target)
+    if args.policy is not None:
+        kwargs = {"threshold": args.threshold} if args.threshold is not None else {}
+        drafter.verification_policy = get_policy(args.policy, **kwargs)
+    prompts = [("yours", p) for p in args.prompt] if args.prompt else DEMO_PROMPTS
+    gen = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id)
+
+    # Warm both paths up once so the first prompt's timing is not the allocator's.
+    warm = tokenizer("Hello", return_tensors="pt")
+    target.generate(**warm, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    target.generate(**warm, assistant_model=drafter, max_new_tokens=4, do_sample=False,
+                    pad_token_id=tokenizer.pad_token_id)
+
+    rows, all_identical = [], True
+    for kind, text in prompts:
+        messages = [{"role": "user", "content": text}]
+        inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                               return_dict=True)
+        prompt_len = inputs["input_ids"].shape[1]
+        print(f"\n=== [{kind}] {text}\n--- DSpark (streaming):")
+        streamer = None if args.no_stream else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+        fast, fast_s = _timed_generate(target, inputs, assistant_model=drafter, streamer=streamer, **gen)
+        stats = drafter.generation_stats
+        slow, slow_s = _timed_generate(target, inputs, **gen)
+        identical = torch.equal(fast, slow)
+        all_identical &= identical
+        new = fast.shape[1] - prompt_len
+        rows.append((kind, new, new / slow_s, new / fast_s, slow_s / fast_s, stats.tau, identical))
+        if args.no_stream:
+            print(tokenizer.decode(fast[0, prompt_len:], skip_special_tokens=True))
+        print(f"--- identical to target-only: {identical}; verified per round: "
+              f"{[r.verified for r in stats.rounds]}; accepted per round: {stats.accept_lengths}")
+
+    print("\n| prompt | new tokens | target-only tok/s | DSpark tok/s | speed-up | tau | identical |")
+    print("|---|---|---|---|---|---|---|")
+    for kind, new, slow_tps, fast_tps, speedup, tau, identical in rows:
+        print(f"| {kind} | {new} | {slow_tps:.1f} | {fast_tps:.1f} | {speedup:.2f}x | {tau:.2f} | {identical} |")
+    print("\nTimings from this single run on this machine; for reproducible numbers use `dspark-hf bench`.")
+    return 0 if all_identical else 1
