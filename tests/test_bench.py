@@ -185,8 +185,7 @@ def test_unavailable_policies_are_skipped_with_a_reason():
 
 def test_steps_per_second_profile_layouts(tmp_path):
     expected = {1: 10.0, 2: 4.0}
-    for data in ({"1": 10.0, "2": 4.0}, {"steps_per_second": {"1": 10.0, "2": 4.0}},
-                 {"rows": [{"num_tokens": 1, "steps_per_second": 10.0}, {"num_tokens": 2, "steps_per_second": 4.0}]}):
+    for data in ({"1": 10.0, "2": 4.0}, [10.0, 4.0]):
         (tmp_path / "sps.json").write_text(json.dumps(data))
         assert load_steps_per_second(tmp_path / "sps.json") == expected
     (tmp_path / "sps.json").write_text(json.dumps({"steps_per_second": 3}))
@@ -223,7 +222,7 @@ def test_cli_writes_json_markdown_and_plots(prompt_files, tmp_path, monkeypatch)
     target, tokenizer = make_target(), make_tokenizer()
     monkeypatch.setattr(bench_module, "load_target", lambda *args, **kwargs: (target, tokenizer))
     sps = tmp_path / "sps.json"
-    sps.write_text(json.dumps({"steps_per_second": {"1": 10.0, "2": 9.0, "3": 8.0}}))
+    sps.write_text(json.dumps({"1": 10.0, "2": 9.0, "3": 8.0}))
     output_dir = tmp_path / "out"
     argv = ["--target", "tiny", "--drafter", "untrained", "--dflash-drafter", "untrained", "--prompts",
             *map(str, prompt_files), "--limit", "1", "--max-new-tokens", "6", "--sps", str(sps),

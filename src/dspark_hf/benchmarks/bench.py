@@ -34,12 +34,23 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .methods import BenchMethod, GenerationMeasurement, generation_kwargs, measure_generation
-from .prompts import BenchPrompt, render_conversation
+from ..modeling_dspark import DSparkDrafter
+from ..models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, load_target
+from .methods import (
+    BenchMethod,
+    GenerationMeasurement,
+    MemoryMeter,
+    build_methods,
+    generation_kwargs,
+    load_steps_per_second,
+    measure_generation,
+)
+from .prompts import BenchPrompt, load_prompts, render_conversation
 from .report import acceptance_by_position, summarize_records, write_report
 
 
 WARMUP_MAX_NEW_TOKENS = 16
+PROFILE_FILE_NAME = "dspark_sps_profile.json"  # where `dspark-hf profile --drafter DIR` saves the target's profile
 
 
 @dataclass
@@ -75,6 +86,14 @@ class ConversationRun:
     def token_ids(self) -> list[int]:
         return [token for turn in self.turns for token in turn.new_token_ids]
 
+    @property
+    def seconds(self) -> float:
+        return sum(turn.seconds for turn in self.turns)
+
+    @property
+    def target_forwards(self) -> int:
+        return sum(turn.target_forwards for turn in self.turns)
+
 
 def run_conversation(
     target: PreTrainedModel,
@@ -109,19 +128,10 @@ def conversation_record(
     save_outputs: bool = False,
 ) -> dict[str, Any]:
     """The raw numbers of one method on one prompt, with its speed-up and exactness against `baseline`."""
-    new_tokens = sum(len(turn.new_token_ids) for turn in run.turns)
-    seconds = sum(turn.seconds for turn in run.turns)
-    forwards = sum(turn.target_forwards for turn in run.turns)
-    if method.kind == "dspark":
-        # tau from the drafter's own statistics: committed tokens per draft-and-verify round (prefill excluded).
-        rounds = [r for turn in run.turns for r in (turn.dspark_rounds or [])]
-        tau_tokens, tau_forwards = sum(a for _, a in rounds) + len(rounds), len(rounds)
-    else:
-        rounds = None if any(t.rounds is None for t in run.turns) else [r for t in run.turns for r in t.rounds]
-        tau_tokens, tau_forwards = new_tokens, forwards
+    new_tokens, seconds, forwards = len(run.token_ids), run.seconds, run.target_forwards
+    rounds, tau_tokens, tau_forwards = _rounds_and_tau(method, run)
     tokens_per_second = new_tokens / seconds if seconds else None
-    baseline_seconds = sum(turn.seconds for turn in baseline.turns)
-    baseline_tps = sum(len(t.new_token_ids) for t in baseline.turns) / baseline_seconds if baseline_seconds else None
+    baseline_tps = len(baseline.token_ids) / baseline.seconds if baseline.seconds else None
     record = {
         "prompt_id": prompt.prompt_id, "category": prompt.category, "mode": mode, "method": method.name,
         "kind": method.kind, "num_turns": len(run.turns), "prompt_tokens": run.prompt_lengths,
@@ -134,8 +144,8 @@ def conversation_record(
         "acceptance_by_position": acceptance_by_position(rounds) if rounds is not None else None,
         "speedup": tokens_per_second / baseline_tps if tokens_per_second and baseline_tps else None,
         "identical": run.token_ids == baseline.token_ids if mode == "greedy" else None,
-        "peak_memory_bytes": max((t.peak_memory_bytes for t in run.turns if t.peak_memory_bytes is not None),
-                                 default=None),
+        "peak_memory_bytes": _max_of(turn.peak_memory_bytes for turn in run.turns),
+        "peak_memory_total_bytes": _max_of(turn.peak_memory_total_bytes for turn in run.turns),
         "turn_seconds": [turn.seconds for turn in run.turns],
         "turn_new_tokens": [len(turn.new_token_ids) for turn in run.turns],
         "output_sha1": hashlib.sha1(str(run.token_ids).encode()).hexdigest()[:12],
@@ -143,6 +153,20 @@ def conversation_record(
     if save_outputs:
         record["outputs"] = run.answers
     return record
+
+
+def _rounds_and_tau(method: BenchMethod, run: ConversationRun) -> tuple[list[tuple[int, int]] | None, int, int]:
+    """`(rounds, tau numerator, tau denominator)`: every round's `(verified, accepted)` and committed tokens over
+    target forwards. DSpark reads its drafter's own statistics (prefill excluded); the others count forwards."""
+    if method.kind == "dspark":
+        rounds = [r for turn in run.turns for r in (turn.dspark_rounds or [])]
+        return rounds, sum(accepted for _, accepted in rounds) + len(rounds), len(rounds)
+    rounds = None if any(t.rounds is None for t in run.turns) else [r for t in run.turns for r in t.rounds]
+    return rounds, len(run.token_ids), run.target_forwards
+
+
+def _max_of(values) -> int | None:
+    return max((value for value in values if value is not None), default=None)
 
 
 def run_benchmark(
@@ -202,6 +226,7 @@ def machine_info(device: torch.device | str = "cpu") -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
         "platform": platform.platform(),
         "device": str(device),
     }
@@ -221,15 +246,23 @@ def version_info() -> dict[str, str]:
 
 def results_document(
     records: list[dict[str, Any]], argv: Sequence[str], settings: BenchSettings, methods: Sequence[BenchMethod],
-    skipped: dict[str, str], prompts: Sequence[BenchPrompt], device: torch.device | str, **extra: Any,
+    skipped: dict[str, str], prompts: Sequence[BenchPrompt], device: torch.device | str,
+    load_average_before: Sequence[float] | None = None, **extra: Any,
 ) -> dict[str, Any]:
-    """Everything `results.json` holds: how the run was made and every raw number."""
+    """Everything `results.json` holds: how the run was made and every raw number.
+
+    `load_average_before` (from `os.getloadavg()` before the run) is kept next to the load average after it: other
+    processes on the machine skew timings, and these two say whether there were any.
+    """
+    machine = machine_info(device)
+    machine["load_average_before"] = list(load_average_before) if load_average_before is not None else None
     return {
         "command": shlex.join(["dspark-hf", "bench", *argv]),
         "argv": list(argv),
-        "machine": machine_info(device),
+        "machine": machine,
         "versions": version_info(),
-        "settings": {**asdict(settings), "num_prompts": len(prompts), **extra},
+        "settings": {**asdict(settings), "num_prompts": len(prompts), "memory_measure": MemoryMeter(device).method,
+                     **extra},
         "methods": [{"name": m.name, "kind": m.kind, **m.details} for m in methods],
         "skipped_methods": skipped,
         "prompts": [{"prompt_id": p.prompt_id, "category": p.category, "num_turns": len(p.turns)} for p in prompts],
@@ -238,9 +271,145 @@ def results_document(
     }
 
 
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dspark-hf bench",
+        description="Benchmark target-only, transformers' assisted generation and prompt lookup, and DSpark "
+        "(per verification policy) side by side, interleaved per prompt.",
+    )
+    models = parser.add_argument_group("models")
+    models.add_argument("--target", default=DEFAULT_TARGET, help="target name or folder (default: %(default)s)")
+    models.add_argument("--drafter", help="DSpark drafter folder, 'untrained' (fresh from_target, for smoke tests) or "
+                        "'none'; default: the drafter embedded for the target")
+    models.add_argument("--dflash-drafter", help="markov_rank=0 drafter folder (DFlash ablation) or 'untrained'")
+    models.add_argument("--assistant", help="small draft model sharing the target's tokenizer (transformers' "
+                        "assisted generation)")
+    models.add_argument("--num-assistant-tokens", type=int, help="drafts per round for --assistant")
+    models.add_argument("--prompt-lookup-num-tokens", type=int, default=10,
+                        help="drafts per round for prompt lookup decoding; 0 skips it (default: %(default)s)")
+    models.add_argument("--policies", default="full,threshold,hardware_aware",
+                        help="comma-separated DSpark verification policies (default: %(default)s)")
+    models.add_argument("--threshold", type=float, default=0.5, help="confidence threshold of the threshold policy")
+    models.add_argument("--sps", help="steps-per-second profile JSON from `dspark-hf profile` (hardware_aware); "
+                        f"default: {PROFILE_FILE_NAME} in the drafter folder, if there")
+    models.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    models.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    models.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
+    data = parser.add_argument_group("prompts")
+    data.add_argument("--prompts", nargs="+", required=True, metavar="FILE",
+                      help='jsonl files: {"turns": [...]} (category = file stem) or Spec-Bench question.jsonl')
+    data.add_argument("--start", type=int, default=0, help="skip this many prompts per category")
+    data.add_argument("--limit", type=int, help="keep at most this many prompts per category")
+    data.add_argument("--no-chat-template", action="store_true", help="feed raw turns instead of the chat template")
+    run = parser.add_argument_group("run")
+    run.add_argument("--mode", default="greedy", choices=["greedy", "sample", "both"],
+                     help="greedy, sampling at temperature 1.0 with fixed seeds, or both (default: %(default)s)")
+    run.add_argument("--max-new-tokens", type=int, default=128, help="per turn (default: %(default)s)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--no-warmup", action="store_true", help="skip the untimed warmup generation per method")
+    run.add_argument("--save-outputs", action="store_true", help="store every answer's text in results.json")
+    run.add_argument("--output-dir", default="bench-results", help="where results.json/.md and PNGs go")
+    run.add_argument("--no-plots", action="store_true")
+    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return parser
+
+
+def load_drafter(spec: str | None, target: PreTrainedModel, device: str, dtype: torch.dtype,
+                 **untrained_kwargs: Any) -> DSparkDrafter | None:
+    """`None` for `"none"`, a fresh drafter for `"untrained"`, else `DSparkDrafter.from_pretrained(spec)`."""
+    if spec is None or spec.lower() == "none":
+        return None
+    if spec.lower() == "untrained":
+        drafter = DSparkDrafter.from_target(target, **untrained_kwargs)
+        drafter.name_or_path = "untrained"
+    else:
+        drafter = DSparkDrafter.from_pretrained(spec, dtype=dtype)
+    return drafter.to(device=device, dtype=dtype).eval()
+
+
+def default_drafter(target_name: str) -> str:
+    """The drafter embedded for an embedded target, else an error that says which flag to pass."""
+    path = EMBEDDED_DRAFTERS.get(target_name)
+    if path is not None and (Path(path) / "config.json").exists():
+        return str(path)
+    raise ValueError(
+        f"No drafter is embedded for target {target_name!r}. Pass --drafter PATH (a trained drafter), "
+        "--drafter untrained (a fresh one, for smoke tests) or --drafter none (baselines only)."
+    )
+
+
+def load_assistant(path: str, tokenizer: PreTrainedTokenizerBase, device: str, dtype: torch.dtype):
+    """The draft model for transformers' assisted generation; refuses one whose vocabulary differs."""
+    assistant, assistant_tokenizer = load_target(path, dtype=dtype, device=device)
+    if assistant_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise ValueError(
+            f"--assistant {path!r} does not share the target's tokenizer ({len(assistant_tokenizer)} vs "
+            f"{len(tokenizer)} tokens, or different ids). Pick a draft model of the same family as the target."
+        )
+    return assistant
+
+
+def profile_path(sps: str | None, drafter_spec: str | None) -> str | None:
+    """`--sps`, else the profile `dspark-hf profile --drafter` saved in the drafter folder, else `None`."""
+    if sps:
+        return sps
+    if drafter_spec and (Path(drafter_spec) / PROFILE_FILE_NAME).is_file():
+        return str(Path(drafter_spec) / PROFILE_FILE_NAME)
+    return None
+
+
+def _policy_kwargs(args: argparse.Namespace, sps: str | None) -> dict[str, dict[str, Any]]:
+    kwargs: dict[str, dict[str, Any]] = {"threshold": {"threshold": args.threshold}}
+    if sps:
+        kwargs["hardware_aware"] = {"steps_per_second": load_steps_per_second(sps)}
+    return kwargs
+
+
+def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Loads the models and prompts named by `args`, runs the benchmark and writes the report."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    prompts = load_prompts(args.prompts, start=args.start, limit=args.limit)
+    target, tokenizer = load_target(args.target, dtype=dtype, device=args.device)
+    drafter_spec = args.drafter if args.drafter is not None else default_drafter(args.target)
+    sps = profile_path(args.sps, drafter_spec)
+    methods, skipped = build_methods(
+        drafter=load_drafter(drafter_spec, target, args.device, dtype),
+        policies=[name.strip() for name in args.policies.split(",") if name.strip()],
+        policy_kwargs=_policy_kwargs(args, sps),
+        dflash_drafter=load_drafter(args.dflash_drafter, target, args.device, dtype, markov_rank=0),
+        assistant=load_assistant(args.assistant, tokenizer, args.device, dtype) if args.assistant else None,
+        num_assistant_tokens=args.num_assistant_tokens,
+        prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+    )
+    for name, reason in skipped.items():
+        print(f"dspark-hf bench: skipping {name}: {reason}", file=sys.stderr)
+    settings = BenchSettings(
+        modes=("greedy", "sample") if args.mode == "both" else (args.mode,),
+        max_new_tokens=args.max_new_tokens, seed=args.seed, use_chat_template=not args.no_chat_template,
+        warmup=not args.no_warmup, save_outputs=args.save_outputs,
+    )
+    load_average_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    records = run_benchmark(target, tokenizer, methods, prompts, settings, progress=not args.no_progress)
+    results = results_document(records, argv, settings, methods, skipped, prompts, args.device, load_average_before,
+                               target=args.target, drafter=drafter_spec, dtype=args.dtype, sps_profile=sps)
+    paths = write_report(args.output_dir, results, plots=not args.no_plots)
+    print(Path(paths["markdown"]).read_text(encoding="utf-8"))
+    print("wrote " + ", ".join(str(path) for path in paths.values()))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """`dspark-hf bench ...`; see `dspark-hf bench --help`."""
-    from .cli import parse_args, run_from_args
-
     argv = list(sys.argv[1:] if argv is None else argv)
-    return run_from_args(parse_args(argv), argv)
+    return run_from_args(build_parser().parse_args(argv), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,7 +7,7 @@ Every method goes through the same `target.generate` call; only the keyword argu
 | `target` | plain greedy / sampling |
 | `assisted` | transformers' assisted generation with a small draft model sharing the target's tokenizer |
 | `prompt_lookup` | transformers' prompt lookup decoding (`prompt_lookup_num_tokens`) |
-| `dspark` | a [`DSparkDrafter`] as `assistant_model`, with one verification policy (`dflash` is a `markov_rank=0` drafter) |
+| `dspark` | a [`DSparkDrafter`] as `assistant_model` with one verification policy (`dflash`: `markov_rank=0`) |
 
 Target forwards are counted with a forward pre-hook on the target, which also sees each forward's start position and
 length; from those, [`rounds_from_forward_calls`] recovers every round's verified and accepted drafts for methods that
@@ -35,8 +35,10 @@ from ..modeling_dspark import DSparkDrafter
 
 logger = logging.get_logger(__name__)
 
-SAMPLING_KWARGS = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0}
-GREEDY_KWARGS = {"do_sample": False}
+# Both modes override the model's own generation_config defaults (some ship top_p, top_k or a repetition penalty):
+# greedy is the argmax of the raw logits, sampling draws from the raw distribution at temperature 1.
+SAMPLING_KWARGS = {"do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0, "repetition_penalty": 1.0}
+GREEDY_KWARGS = {"do_sample": False, "repetition_penalty": 1.0}
 MODES = ("greedy", "sample")
 
 
@@ -69,29 +71,30 @@ class BenchMethod:
 
 
 def load_steps_per_second(path: str | Path) -> dict[int, float]:
-    """Reads a target speed profile (as written by `dspark-hf profile`) into `{tokens per forward: steps/s}`.
+    """Reads a target speed profile into `{tokens per forward: steps/s}`.
 
-    Accepted layouts: a top-level `{"1": 11.2, "2": 5.1, ...}`; the same mapping under `"steps_per_second"` (or
-    `"sps"`); or a list of rows `[{"num_tokens": 1, "steps_per_second": 11.2}, ...]` at the top level or under
-    `"rows"` / `"results"` / `"profile"`.
+    Delegates to `dspark_hf.profiling.load_steps_per_second` (a `dspark-hf profile` file or a folder holding one, or a
+    hand-written table). Without that module, reads `{"1": 11.2, "2": 5.1, ...}`, the same table under
+    `"steps_per_second"`, or a list whose entry i is the speed at i + 1 tokens.
     """
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    for key in ("steps_per_second", "sps", "rows", "results", "profile"):
-        if isinstance(data, dict) and key in data:
-            data = data[key]
-            break
-    if isinstance(data, list):
-        data = {row.get("num_tokens", row.get("tokens")): row.get("steps_per_second", row.get("sps")) for row in data}
     try:
-        table = {int(k): float(v) for k, v in data.items()}
+        from ..profiling import load_steps_per_second as load_profile
+    except ImportError:
+        load_profile = None
+    if load_profile is not None:
+        return load_profile(path)
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if isinstance(data, dict) and "steps_per_second" in data:
+        data = data["steps_per_second"]
+    if isinstance(data, list):
+        data = {i + 1: value for i, value in enumerate(data)}
+    try:
+        return {int(k): float(v) for k, v in data.items()}
     except (AttributeError, TypeError, ValueError) as error:
         raise ValueError(
             f"Could not read a steps-per-second table from {str(path)!r} ({error}). Expected e.g. "
-            '{"steps_per_second": {"1": 11.2, "2": 5.1}}; regenerate it with `dspark-hf profile`.'
+            '{"1": 11.2, "2": 5.1}; regenerate it with `dspark-hf profile`.'
         ) from error
-    if not table:
-        raise ValueError(f"The profile {str(path)!r} holds no steps-per-second entries; rerun `dspark-hf profile`.")
-    return table
 
 
 def resolve_policy(
@@ -159,7 +162,6 @@ def build_methods(
         policy, reason = resolve_policy(name, drafter, (policy_kwargs or {}).get(name, {}))
         if policy is None:
             skipped[f"dspark_{name}"] = reason
-            logger.warning(f"Skipping dspark_{name}: {reason}.")
         else:
             methods.append(_dspark_method(f"dspark_{name}", drafter, policy))
     return methods, skipped
@@ -189,6 +191,7 @@ class GenerationMeasurement:
             when the forwards carried no positions to read.
         dspark_rounds: `(verified, accepted)` per round from `drafter.generation_stats` (DSpark only; no prefill).
         peak_memory_bytes: peak memory above the level at the start of the call (see [`MemoryMeter`]).
+        peak_memory_total_bytes: absolute peak during the call (all loaded models included).
     """
 
     new_token_ids: list[int]
@@ -197,6 +200,7 @@ class GenerationMeasurement:
     rounds: list[tuple[int, int]] | None
     dspark_rounds: list[tuple[int, int]] | None
     peak_memory_bytes: int | None
+    peak_memory_total_bytes: int | None = None
 
 
 class TargetForwardRecorder:
@@ -276,7 +280,8 @@ class MemoryMeter:
         self.device = torch.device(device)
         self.method = self._pick_method()
         self._start = 0
-        self.peak_bytes: int | None = None
+        self.peak_bytes: int | None = None  # above the level at the start
+        self.peak_total_bytes: int | None = None  # absolute (weights and everything else in the process included)
 
     def _pick_method(self) -> str:
         if self.device.type == "cuda":
@@ -306,6 +311,7 @@ class MemoryMeter:
             peak = _proc_status_kib("VmHWM") * 1024
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        self.peak_total_bytes = peak
         self.peak_bytes = max(peak - self._start, 0)
 
 
@@ -362,4 +368,5 @@ def measure_generation(
         rounds=rounds_from_forward_calls(recorder.calls, prompt_length, final_length),
         dspark_rounds=dspark_rounds,
         peak_memory_bytes=memory.peak_bytes,
+        peak_memory_total_bytes=memory.peak_total_bytes,
     )

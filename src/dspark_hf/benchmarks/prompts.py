@@ -53,7 +53,9 @@ def read_prompt_file(path: str | Path) -> list[BenchPrompt]:
     """All prompts of one jsonl file, in file order (blank lines are skipped)."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"Prompt file {str(path)!r} does not exist; pass jsonl files such as data/eval/gsm8k.jsonl.")
+        raise FileNotFoundError(
+            f"Prompt file {str(path)!r} does not exist; pass jsonl files such as data/eval/gsm8k.jsonl."
+        )
     prompts = []
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):

@@ -98,7 +98,7 @@ def markdown_table(summary: Sequence[dict[str, Any]], mode: str) -> str:
     rows = [row for row in summary if row["mode"] == mode]
     categories = sorted({row["category"] for row in rows}, key=lambda c: (c == ALL_CATEGORIES, c))
     lines = [
-        "| category | method | prompts | tok/s | speed-up | tau | mean verified | identical | peak mem (MiB) |",
+        "| category | method | prompts | tok/s | speed-up | tau | mean verified | identical | peak mem Δ (MiB) |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | :---: | ---: |",
     ]
     for category in categories:
@@ -115,6 +115,10 @@ def markdown_table(summary: Sequence[dict[str, Any]], mode: str) -> str:
     return "\n".join(lines)
 
 
+def _loads(values: Sequence[float] | None) -> str:
+    return "—" if not values else " / ".join(f"{v:.2f}" for v in values)
+
+
 def markdown_report(results: dict[str, Any]) -> str:
     """The whole markdown report: how it was run, one table per mode, skipped methods."""
     machine, versions = results["machine"], results["versions"]
@@ -125,13 +129,16 @@ def markdown_report(results: dict[str, Any]) -> str:
         f"- command: `{results['command']}`",
         f"- machine: {machine.get('cpu_model')} ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch "
         f"threads){', ' + machine['cuda_device'] if machine.get('cuda_device') else ''}",
+        f"- load average (1/5/15 min) before: {_loads(machine.get('load_average_before'))}, after: "
+        f"{_loads(machine.get('load_average'))} (timings are only comparable on an otherwise idle machine)",
         "- versions: " + ", ".join(f"{name} {version}" for name, version in versions.items()),
         f"- {settings['num_prompts']} prompts, max {settings['max_new_tokens']} new tokens, "
         f"seed {settings['seed']}, chat template: {settings['use_chat_template']}",
         "",
         "tok/s: generated tokens / wall seconds (pooled); speed-up: geometric mean over prompts of tok/s ÷ target-only "
         "tok/s on the same prompt; tau: tokens committed per target forward (DSpark: per draft-and-verify round); "
-        "mean verified: drafts sent to the target per forward; identical: greedy outputs equal to target-only.",
+        "mean verified: drafts sent to the target per round; identical: greedy outputs equal to target-only; "
+        "peak mem Δ: peak memory during generation above its level at the start (see benchmarks/README.md).",
     ]
     for mode in settings["modes"]:
         lines += ["", f"## {mode}", "", markdown_table(results["summary"], mode)]
@@ -165,7 +172,7 @@ def plot_speedup(summary: Sequence[dict], mode: str, path: Path) -> None:
     rows = [r for r in summary if r["mode"] == mode and r["method"] != "target"]
     categories = sorted({r["category"] for r in rows}, key=lambda c: (c == ALL_CATEGORIES, c))
     methods = _methods_in_order(rows)
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories) * max(1, len(methods)) / 2), 4))
+    fig, ax = plt.subplots(figsize=(min(16, max(7, 0.35 * len(categories) * max(1, len(methods)) + 3)), 4))
     width = 0.8 / max(1, len(methods))
     lookup = {(r["method"], r["category"]): r["speedup"] for r in rows}
     for index, method in enumerate(methods):
@@ -176,7 +183,7 @@ def plot_speedup(summary: Sequence[dict], mode: str, path: Path) -> None:
     ax.set_ylabel("speed-up over target-only (x)")
     ax.set_title(f"Speed-up per category ({mode})")
     if methods:
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -192,6 +199,7 @@ def plot_acceptance(summary: Sequence[dict], mode: str, path: Path) -> None:
         rates = row["acceptance_by_position"]
         positions = [k + 1 for k, rate in enumerate(rates) if rate is not None]
         ax.plot(positions, [rate for rate in rates if rate is not None], marker="o", label=row["method"])
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("draft position k")
     ax.set_ylabel("P(accept k | 1..k-1 accepted)")
     ax.set_ylim(0, 1.05)
