@@ -103,8 +103,8 @@ def build_blocks(
 ) -> DSparkBlocks:
     """Block inputs, positions, labels and supervision for anchors of a (right-padded) batch.
 
-    Slot ``k`` of the block at anchor ``p`` is supervised while ``p + k + 1 < S``, ``loss_mask[p + k + 1] = 1`` and every
-    earlier slot of the block is supervised, and only if the block is kept.
+    Slot ``k`` of the block at anchor ``p`` is supervised while ``p + k + 1 < S``, ``loss_mask[p + k + 1] = 1`` and
+    every earlier slot of the block is supervised, and only if the block is kept.
 
     Args:
         input_ids (`torch.LongTensor` of shape `(batch, seq)`): the sequences.
@@ -138,7 +138,9 @@ def build_blocks(
     )
 
 
-def block_attention_mask(anchors: torch.LongTensor, keep: torch.BoolTensor, seq_len: int, block_size: int) -> torch.Tensor:
+def block_attention_mask(
+    anchors: torch.LongTensor, keep: torch.BoolTensor, seq_len: int, block_size: int
+) -> torch.Tensor:
     """Boolean attention mask (True = attend) of the block queries over ``[context (S) ; blocks (n * B)]`` keys.
 
     A query of the block at anchor ``p`` sees context key ``j`` iff ``j < p`` (the target has not processed the

@@ -1,0 +1,119 @@
+"""Training end to end on a tiny target: the loss falls and tau through `generate` rises; the CLI; checkpoints."""
+
+import json
+
+import datasets
+import pytest
+import torch
+from safetensors import safe_open
+
+from dspark_hf import DSparkDrafter
+from dspark_hf.training import train
+from dspark_hf.training.collator import DSparkDataCollator
+from dspark_hf.training.train import DSparkTrainer, DSparkTrainingArguments
+from test_training_helpers import char_tokenizer, learnable_target, self_generated_examples, single_thread
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    with single_thread():
+        yield
+
+
+def _training_args(tmp_path, **overrides):
+    values = dict(output_dir=str(tmp_path / "run"), per_device_train_batch_size=4, learning_rate=5e-3,
+                  logging_steps=10, eval_strategy="no", save_strategy="no", use_cpu=True, disable_tqdm=True,
+                  report_to="none", warmup_steps=0.1, seed=0)
+    values.update(overrides)
+    return DSparkTrainingArguments(**values)
+
+
+def test_training_lowers_the_loss_and_raises_tau_through_generate(tmp_path):
+    target = learnable_target()
+    # the target's own greedy continuations: what prepare-data would produce, and learnable
+    train_set = datasets.Dataset.from_list(self_generated_examples(target, 48, seed=0))
+    held_out = self_generated_examples(target, 6, seed=1)
+    torch.manual_seed(1)
+    drafter = DSparkDrafter.from_target(target, block_size=4, num_hidden_layers=1, markov_rank=8)
+    trainer = DSparkTrainer(
+        model=drafter,
+        target=target,
+        tau_prompts=[example["input_ids"][: example["prompt_length"]] for example in held_out],
+        tau_max_new_tokens=30,
+        pad_token_id=0,
+        args=_training_args(tmp_path, max_steps=120, eval_strategy="steps", eval_steps=120),
+        train_dataset=train_set,
+        eval_dataset=datasets.Dataset.from_list(held_out),
+        data_collator=DSparkDataCollator(block_size=4, mask_token_id=0, num_anchors=16),
+    )
+    embedding_before = drafter.embed_tokens.weight.clone()
+    tau_before = trainer.measure_tau()["eval_tau"]
+    trainer.train()
+
+    logs = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert logs[-1]["loss"] < 0.85 * logs[0]["loss"], logs
+    assert {"loss_ce", "loss_tv", "loss_confidence"} <= set(logs[0])
+    (evaluation,) = [entry for entry in trainer.state.log_history if "eval_tau" in entry]
+    assert {"eval_loss", "eval_loss_tv", "eval_acceptance_rate"} <= set(evaluation)
+    assert evaluation["eval_tau"] > tau_before + 0.2, (tau_before, evaluation)
+    torch.testing.assert_close(drafter.embed_tokens.weight, embedding_before)  # frozen
+
+
+def _save_target(tmp_path):
+    target = learnable_target()
+    target.save_pretrained(tmp_path / "target")
+    char_tokenizer().save_pretrained(tmp_path / "target")
+    return target
+
+
+def _save_data(tmp_path, target, name="data", count=12):
+    folder = tmp_path / name
+    folder.mkdir()
+    datasets.Dataset.from_list(self_generated_examples(target, count, seed=2)).to_parquet(str(folder / "a.parquet"))
+    return str(folder)
+
+
+def test_cli_trains_with_a_feature_cache_and_saves_the_official_layout(tmp_path, monkeypatch):
+    target = _save_target(tmp_path)
+    data_dir = _save_data(tmp_path, target)
+    runs = []
+    original = train.compute_dspark_loss
+    monkeypatch.setattr(train, "compute_dspark_loss", lambda *a, **k: runs.append(1) or original(*a, **k))
+    argv = ["--target", str(tmp_path / "target"), "--train_data", data_dir, "--output_dir", str(tmp_path / "run"),
+            "--block_size", "3", "--num_hidden_layers", "1", "--markov_rank", "8", "--target_layer_ids", "0", "1",
+            "--num_anchors", "4", "--feature_cache", str(tmp_path / "cache"), "--eval_split_size", "2",
+            "--tau_eval_prompts", "2", "--tau_max_new_tokens", "8", "--num_train_epochs", "2",
+            "--per_device_train_batch_size", "2", "--use_cpu", "--disable_tqdm", "true", "--logging_steps", "2"]
+    assert train.main(argv + ["--save_dtype", "bfloat16"]) == 0
+    assert len(runs) == 2 * 5 + 2 * 2  # 10 training rows / batch 2, 2 epochs; 2 eval rows, 2 evaluations
+    assert len(list((tmp_path / "cache").glob("*/*.safetensors"))) == 12
+
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3DSparkModel"] and config["model_type"] == "qwen3"
+    assert config["block_size"] == 3 and config["num_anchors"] == 4 and config["target_layer_ids"] == [0, 1]
+    with safe_open(str(tmp_path / "run" / "model.safetensors"), "pt") as handle:
+        names = set(handle.keys())
+        assert handle.get_tensor("fc.weight").dtype == torch.bfloat16  # as the official releases
+    assert {"embed_tokens.weight", "lm_head.weight", "fc.weight", "markov_head.markov_w1.weight",
+            "confidence_head.proj.weight"} <= names
+    drafter = DSparkDrafter.from_pretrained(tmp_path / "run")
+    assert list((tmp_path / "run").glob("checkpoint-*"))
+
+    # resume from it: fine-tuning a trained drafter keeps its architecture
+    argv_resume = [a if a != str(tmp_path / "run") else str(tmp_path / "run2") for a in argv]
+    argv_resume += ["--drafter", str(tmp_path / "run"), "--max_steps", "1"]
+    assert train.main(argv_resume) == 0
+    assert DSparkDrafter.from_pretrained(tmp_path / "run2").config.block_size == drafter.config.block_size
+
+
+def test_no_data_and_bad_data_name_the_fix(tmp_path):
+    target = learnable_target()
+    with pytest.raises(ValueError, match="prepare-data"):
+        train.prepare_datasets(train.DSparkDataArguments(train_data=[]), seed=0)
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    datasets.Dataset.from_list([{"input_ids": [1, 2, 3], "loss_mask": [0, 0, 1]}]).to_parquet(str(folder / "a.parquet"))
+    with pytest.raises(ValueError, match="two consecutive"):
+        train.prepare_datasets(train.DSparkDataArguments(train_data=[str(folder)]), seed=0)
+    assert train.prompt_ids({"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]}) == [5, 6]
+    del target
