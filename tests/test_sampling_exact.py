@@ -18,7 +18,7 @@ from dspark_hf.generation import candidate_generator as candidate_module
 
 VOCAB = 6
 PROMPT = torch.tensor([[1, 4, 3]])
-NUM_SAMPLES = 1500
+NUM_SAMPLES = 1000
 GEN = dict(do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=4, eos_token_id=None, pad_token_id=0)
 
 
@@ -50,14 +50,24 @@ def _exact_distribution(target) -> torch.Tensor:
     return probs.flatten()
 
 
-def _chi_square(target, drafter, seed: int) -> float:
+def _samples_from_generate(target, drafter):
+    out = target.generate(PROMPT, assistant_model=drafter, **GEN)
+    return [out[0, PROMPT.shape[1] + 1 : PROMPT.shape[1] + 3].tolist()]
+
+
+def _samples_from_batch(target, drafter, rows: int = 3):
+    """The batched path: `rows` copies of the prompt in one left-padded batch, verified together."""
+    out = target.generate(PROMPT.repeat(rows, 1), assistant_model=drafter, **GEN)
+    return out[:, PROMPT.shape[1] + 1 : PROMPT.shape[1] + 3].tolist()
+
+
+def _chi_square(target, drafter, seed: int, sampler=_samples_from_generate) -> float:
     torch.manual_seed(seed)
     counts = torch.zeros(VOCAB * VOCAB)
-    for _ in range(NUM_SAMPLES):
-        out = target.generate(PROMPT, assistant_model=drafter, **GEN)
-        a, b = out[0, PROMPT.shape[1] + 1 : PROMPT.shape[1] + 3].tolist()
-        counts[a * VOCAB + b] += 1
-    expected = _exact_distribution(target) * NUM_SAMPLES
+    while counts.sum() < NUM_SAMPLES:
+        for a, b in sampler(target, drafter):
+            counts[a * VOCAB + b] += 1
+    expected = _exact_distribution(target) * counts.sum()
     keep = expected > 5  # pool rare cells, as usual for chi-square
     observed = torch.cat([counts[keep], counts[~keep].sum()[None]])
     expected = torch.cat([expected[keep], expected[~keep].sum()[None]])
@@ -73,6 +83,12 @@ def test_sampled_tokens_follow_the_target_distribution():
     target, drafter = _models()
     statistic, cells = _chi_square(target, drafter, seed=0)
     assert drafter.generation_stats.num_rounds > 0
+    assert statistic < _critical_value(cells), (statistic, cells)
+
+
+def test_batched_sampling_follows_the_target_distribution():
+    target, drafter = _models()
+    statistic, cells = _chi_square(target, drafter, seed=1, sampler=_samples_from_batch)
     assert statistic < _critical_value(cells), (statistic, cells)
 
 

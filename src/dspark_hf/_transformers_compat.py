@@ -4,6 +4,8 @@ transformers has no public hook for a new kind of assistant, so we wrap two priv
 
 - `GenerationMixin._get_candidate_generator`: when `assistant_model` is a DSpark drafter (possibly PEFT-wrapped),
   return a `DSparkCandidateGenerator`; otherwise defer to transformers.
+- `GenerationMixin._assisted_decoding`: for a DSpark assistant and batch > 1, run our batched engine instead of
+  raising transformers' "batch_size = 1 only" error.
 - `AutoModel.from_pretrained` / `AutoModelForCausalLM.from_pretrained`: a checkpoint whose `architectures[0]` is a DSpark class (written with
   `model_type: "qwen3"` in the official layout) loads as `DSparkDrafter` instead of a plain Qwen3 model that would
   silently drop the DSpark tensors.
@@ -48,10 +50,18 @@ def check_contract() -> list[str]:
     for name in ("generation_config", "input_ids", "logits_processor", "model_kwargs", "assistant_model"):
         if name not in params:
             problems.append(f"GenerationMixin._get_candidate_generator lost its `{name}` argument")
+    loop_params = list(inspect.signature(inspect.unwrap(GenerationMixin._assisted_decoding)).parameters)
+    expected = ["self", "input_ids", "logits_processor", "stopping_criteria", "generation_config", "synced_gpus",
+                "streamer", "inputs_tensor", "assistant_model"]
+    if loop_params[: len(expected)] != expected:
+        problems.append(f"GenerationMixin._assisted_decoding's arguments changed: {loop_params}")
     loop = inspect.getsource(GenerationMixin._assisted_decoding)
     for needle in _ASSISTED_LOOP_NEEDS:
         if needle not in loop:
             problems.append(f"GenerationMixin._assisted_decoding no longer contains `{needle}`")
+    for needle in ("_eos_token_tensor", "_pad_token_tensor"):
+        if needle not in inspect.getsource(GenerationMixin._prepare_special_tokens):
+            problems.append(f"GenerationConfig.{needle} is no longer set by _prepare_special_tokens")
     if not hasattr(CandidateGenerator, "requires_model_outputs"):
         problems.append("CandidateGenerator.requires_model_outputs is gone")
     try:
@@ -100,6 +110,38 @@ def _make_candidate_generator(original):
     return _get_candidate_generator
 
 
+_SUPPORTED_STOPPING = ("MaxLengthCriteria", "EosTokenCriteria", "MaxTimeCriteria")
+
+
+def _make_assisted_decoding(original):
+    """Routes batch > 1 with a DSpark assistant to our batched engine (transformers refuses it)."""
+
+    @functools.wraps(original)
+    def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                           streamer=None, inputs_tensor=None, assistant_model=None, *args, **model_kwargs):
+        drafter = unwrap_drafter(assistant_model)
+        if drafter is None or input_ids.shape[0] == 1:
+            return original(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                            streamer, inputs_tensor, assistant_model, *args, **model_kwargs)
+        from .generation.batched import generate_batch
+
+        unsupported = [type(c).__name__ for c in stopping_criteria if type(c).__name__ not in _SUPPORTED_STOPPING]
+        if unsupported or streamer is not None or generation_config.return_dict_in_generate:
+            raise ValueError(
+                f"Batched DSpark generation supports max length and EOS stopping, no streamer and plain tensor "
+                f"output; got stopping={unsupported}, streamer={streamer is not None}, "
+                f"return_dict_in_generate={generation_config.return_dict_in_generate}. Use batch size 1 for these."
+            )
+        eos = generation_config._eos_token_tensor
+        return generate_batch(
+            self, drafter, input_ids, model_kwargs.get("attention_mask"), generation_config.max_length,
+            generation_config.do_sample, logits_processor, None if eos is None else eos.tolist(),
+            generation_config._pad_token_tensor.item() if generation_config._pad_token_tensor is not None else None,
+        )
+
+    return _assisted_decoding
+
+
 def _make_auto_from_pretrained(original):
     original = original.__func__
 
@@ -134,6 +176,7 @@ def install() -> None:
         return
     _get_candidate_generator._dspark = True
     GenerationMixin._get_candidate_generator = _get_candidate_generator
+    GenerationMixin._assisted_decoding = _make_assisted_decoding(GenerationMixin._assisted_decoding)
     # transformers gives every Auto class its own copy of from_pretrained, so each one is wrapped.
     for auto_class in (AutoModel, AutoModelForCausalLM):
         auto_class.from_pretrained = _make_auto_from_pretrained(auto_class.from_pretrained)

@@ -333,6 +333,11 @@ class DSparkDrafter(DSparkPreTrainedModel):
         """
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
+        if attention_mask is not None and attention_mask.dtype == torch.bool and \
+                self.config._attn_implementation not in ("sdpa", "flex_attention"):
+            # eager-style kernels add the mask to the scores
+            attention_mask = torch.zeros_like(attention_mask, dtype=inputs_embeds.dtype).masked_fill(
+                ~attention_mask, torch.finfo(inputs_embeds.dtype).min)
         context_key_values = self._extend_context(target_hidden_states, context_position_ids, cache)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden_states = inputs_embeds

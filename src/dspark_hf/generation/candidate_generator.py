@@ -179,12 +179,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
 def _check_inputs(input_ids: torch.LongTensor, model_kwargs: dict[str, Any]) -> None:
     """Refuses inputs that the batch-1 assisted loop would mishandle, with the reason and the fix."""
-    if input_ids.shape[0] != 1:
-        raise ValueError(
-            f"DSpark speculative decoding through `generate(assistant_model=...)` runs one sequence at a time, but "
-            f"got a batch of {input_ids.shape[0]}. Generate each prompt separately (transformers' assisted decoding "
-            "loop supports batch size 1 only)."
-        )
+    if input_ids.shape[0] != 1:  # batches go to generation/batched.py before reaching here
+        raise ValueError(f"DSparkCandidateGenerator drafts for one sequence, got a batch of {input_ids.shape[0]}.")
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is not None and not bool(attention_mask.all()):
         raise ValueError(

@@ -1,0 +1,403 @@
+"""Batched, load-aware DSpark speculative decoding.
+
+transformers' assisted loop runs one sequence at a time. `DSparkBatchEngine` runs many: each request drafts its own
+block, a verification-length policy (the hardware-aware scheduler of Algorithm 1 under load) picks per-request lengths
+from all requests' confidences, the target verifies every row in one forward, and each row accepts its own number
+of tokens. Requests may join between rounds (simple continuous batching) and leave when done.
+
+Rows share one slot axis in both KV caches (target and drafter): a verification appends ``1 + max_r ℓ_r`` slots to
+every row, and `slot_mask` marks which hold committed tokens. Rejected drafts and padding stay behind as masked holes;
+positions are per row, so holes never shift RoPE. This is a testbed for the scheduler, not a server: at scale, run the
+same checkpoints in vLLM (`speculative_config={"method": "dspark", ...}`) or SGLang.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
+from transformers.generation.utils import _speculative_sampling
+
+from ..modeling_dspark import DSparkDrafter
+from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
+from .policies import FullBlockPolicy, VerificationPolicy, get_policy
+from .stats import DSparkGenerationStats, DSparkRoundStats
+
+
+@dataclass
+class DSparkRequest:
+    """One generation request and its outcome."""
+
+    request_id: int
+    prompt_ids: list[int]
+    max_new_tokens: int
+    output_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+    stats: DSparkGenerationStats | None = None
+    arrival_time: float = 0.0
+    finish_time: float | None = None
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+
+@dataclass
+class _Draft:
+    ids: torch.LongTensor  # (rows, block)
+    logits: torch.Tensor  # (rows, block, vocab): processed, Markov-corrected
+    confidences: list[list[float]]  # calibrated c_k per row (empty rows without a confidence head)
+
+
+class DSparkBatchEngine:
+    """Runs many requests through one target and (optionally) one DSpark drafter.
+
+    Args:
+        target ([`PreTrainedModel`]): decoder-only target.
+        drafter ([`DSparkDrafter`], *optional*): `None` runs plain batched decoding (the target-only baseline).
+        policy (`str` or [`VerificationPolicy`], *optional*): verification lengths; defaults to the drafter's.
+            A `HardwareAwarePolicy` schedules all rows jointly with `schedule_verification_lengths`.
+        do_sample (`bool`): speculative sampling instead of greedy matching.
+        logits_processor ([`LogitsProcessorList`], *optional*): applied per row to target and draft logits alike.
+        eos_token_id (`int` or `list[int]`, *optional*): ends a request.
+        pad_token_id (`int`): filler for padding slots (never attended).
+
+    Example:
+
+    ```python
+    >>> engine = DSparkBatchEngine(target, drafter)  # doctest: +SKIP
+    >>> for ids in prompts: engine.add_request(ids, max_new_tokens=64)  # doctest: +SKIP
+    >>> done = engine.run()  # doctest: +SKIP
+    ```
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: DSparkDrafter | None = None,
+        *,
+        policy: str | VerificationPolicy | None = None,
+        do_sample: bool = False,
+        logits_processor: LogitsProcessorList | None = None,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int = 0,
+    ):
+        if drafter is not None:
+            drafter.check_target(target)
+            policy = policy if policy is not None else getattr(drafter, "verification_policy", None)
+            self.policy = get_policy(policy)
+            if self.policy.requires_confidence and drafter.confidence_head is None:
+                raise ValueError(f"The {self.policy.name!r} policy needs a drafter with a confidence head.")
+        self.target, self.drafter = target, drafter
+        self.do_sample = do_sample
+        self.logits_processor = logits_processor or LogitsProcessorList()
+        eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        self.eos_token_ids = set(int(e) for e in eos)
+        self.pad_token_id = pad_token_id
+        self.device = target.device
+        self.waiting: list[DSparkRequest] = []
+        self.active: list[DSparkRequest] = []
+        self.finished: list[DSparkRequest] = []
+        self._next_id = 0
+        self._reset_batch_state()
+
+    # --- public API ---------------------------------------------------------------------------------------------
+
+    def add_request(self, prompt_ids, max_new_tokens: int) -> DSparkRequest:
+        """Queues a prompt (a list or 1-D tensor of ids, no padding); it joins at the next `step`."""
+        prompt = [int(t) for t in (prompt_ids.tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
+        if not prompt:
+            raise ValueError("Empty prompt: every request needs at least one token.")
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+        block = self.drafter.config.block_size if self.drafter is not None else 0
+        request = DSparkRequest(self._next_id, prompt, max_new_tokens, stats=DSparkGenerationStats(block),
+                                arrival_time=time.perf_counter())
+        self._next_id += 1
+        self.waiting.append(request)
+        return request
+
+    @torch.no_grad()
+    def step(self) -> list[DSparkRequest]:
+        """Admits waiting requests (prefill), then runs one draft-and-verify round; returns requests that finished."""
+        done = self._admit() if self.waiting else []
+        if self.active:
+            done += self._round()
+        return done
+
+    def run(self) -> list[DSparkRequest]:
+        """Steps until every queued request is finished; returns them in arrival order."""
+        while self.waiting or self.active:
+            self.step()
+        return sorted(self.finished, key=lambda r: r.request_id)
+
+    # --- batch state --------------------------------------------------------------------------------------------
+
+    def _reset_batch_state(self) -> None:
+        self.cache: DynamicCache | None = None  # target KV, (rows, slots)
+        self.draft_cache: DynamicCache | None = None  # drafter context KV, same slots
+        self.slot_mask = torch.zeros(0, 0, dtype=torch.bool, device=self.device)
+        self.next_position = torch.zeros(0, dtype=torch.long, device=self.device)  # position of each row's anchor
+        self.anchor = torch.zeros(0, dtype=torch.long, device=self.device)  # committed, not yet in the cache
+
+    def _hidden_state_indices(self) -> list[int] | None:
+        return None if self.drafter is None else [i + 1 for i in self.drafter.config.target_layer_ids]
+
+    def _target_forward(self, input_ids, attention_mask, position_ids, cache):
+        indices = self._hidden_state_indices()
+        kwargs = {"output_hidden_states": indices} if indices else {}
+        out = self.target(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids,
+                          cache=cache, use_cache=True, **kwargs)
+        features = None
+        if indices:
+            features = torch.cat([out.hidden_states[i] for i in indices], dim=-1)
+        return out.logits.float(), features
+
+    def _ingest(self, cache: DynamicCache, features: torch.Tensor, positions: torch.Tensor) -> None:
+        """Appends the drafter's context K/V for new slots (masked slots included, as holes)."""
+        self.drafter._extend_context(features.to(self.drafter.device), positions.to(self.drafter.device), cache)
+
+    # --- admission (prefill + merge) ----------------------------------------------------------------------------
+
+    def _admit(self) -> list[DSparkRequest]:
+        new, self.waiting = self.waiting, []
+        width = max(len(r.prompt_ids) for r in new)
+        ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(new), width, dtype=torch.bool, device=self.device)
+        for row, request in enumerate(new):
+            ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids, device=self.device)
+            mask[row, width - len(request.prompt_ids):] = True
+        positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+        cache = DynamicCache(config=self.target.config)
+        logits, features = self._target_forward(ids, mask, positions, cache)
+        draft_cache = None
+        if self.drafter is not None:
+            draft_cache = DynamicCache(config=self.drafter.config)
+            self._ingest(draft_cache, features, positions)
+        first = torch.stack([self._pick(r.prompt_ids, logits[i, -1]) for i, r in enumerate(new)])
+        self._merge(new, cache, draft_cache, mask, positions[:, -1] + 1, first)
+        new_rows = range(len(self.active) - len(new), len(self.active))
+        return self._commit_and_retire(dict(zip(new_rows, ([t] for t in first.tolist()))))
+
+    def _merge(self, requests, cache, draft_cache, mask, next_position, anchor) -> None:
+        if self.cache is None:
+            self.cache, self.draft_cache, self.slot_mask = cache, draft_cache, mask
+        else:
+            # Align the slot axes by left-padding the shorter side with holes, then stack the rows.
+            width = max(self.slot_mask.shape[1], mask.shape[1])
+            grow_old, grow_new = width - self.slot_mask.shape[1], width - mask.shape[1]
+            pad_slots_left(self.cache, grow_old)
+            pad_slots_left(self.draft_cache, grow_old)
+            pad_slots_left(cache, grow_new)
+            pad_slots_left(draft_cache, grow_new)
+            concat_rows(self.cache, cache)
+            if self.drafter is not None:
+                concat_rows(self.draft_cache, draft_cache)
+            self.slot_mask = torch.cat([pad_mask_left(self.slot_mask, grow_old), pad_mask_left(mask, grow_new)])
+        self.next_position = torch.cat([self.next_position, next_position])
+        self.anchor = torch.cat([self.anchor, anchor])
+        self.active += requests
+
+    # --- one round ----------------------------------------------------------------------------------------------
+
+    def _round(self) -> list[DSparkRequest]:
+        budgets = [r.max_new_tokens - len(r.output_ids) - 1 for r in self.active]  # drafts that still fit
+        if self.drafter is None:
+            lengths, draft = [0] * len(self.active), None
+        else:
+            draft = self._draft(budgets)
+            lengths = self._verification_lengths(draft.confidences, budgets)
+        longest = max(lengths)
+        verify_ids = self.anchor[:, None].clone()
+        if longest:
+            verify_ids = torch.cat([verify_ids, draft.ids[:, :longest]], dim=1)
+        offsets = torch.arange(longest + 1, device=self.device)
+        new_mask = offsets[None, :] <= torch.tensor(lengths, device=self.device)[:, None]
+        verify_ids = verify_ids.masked_fill(~new_mask, self.pad_token_id)
+        positions = self.next_position[:, None] + offsets[None, :]
+        logits, features = self._target_forward(
+            verify_ids, torch.cat([self.slot_mask, new_mask], dim=1), positions, self.cache
+        )
+        committed, accepted = {}, []
+        for row, request in enumerate(self.active):
+            committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits, draft)
+            accepted.append(num_accepted)
+            if draft is not None:
+                request.stats.rounds.append(DSparkRoundStats(draft.confidences[row][: lengths[row] + 1],
+                                                             lengths[row], num_accepted))
+        self._advance(accepted, longest, features, positions)
+        return self._commit_and_retire(committed)
+
+    def _draft(self, budgets: list[int]) -> _Draft:
+        """One drafter forward for every row, then left-to-right sampling with the Markov bias."""
+        config, rows = self.drafter.config, len(self.active)
+        block = config.block_size
+        mask_ids = torch.full((rows, block - 1), config.mask_token_id, dtype=torch.long, device=self.device)
+        block_ids = torch.cat([self.anchor[:, None], mask_ids], dim=1)
+        positions = self.next_position[:, None] + torch.arange(block, device=self.device)[None, :]
+        attention = torch.cat([self.slot_mask, self.slot_mask.new_ones(rows, block)], dim=1)
+        attention = attention[:, None, None, :].expand(rows, 1, block, attention.shape[1])
+        out = self.drafter(input_ids=block_ids.to(self.drafter.device), position_ids=positions.to(self.drafter.device),
+                           cache=self.draft_cache, attention_mask=attention.to(self.drafter.device))
+        hidden, base_logits = out.last_hidden_state, out.logits.float()
+        num_slots = max(0, min(block, max(budgets)))
+        previous, state = self.anchor.to(hidden.device), None
+        ids, logits, confidences = [], [], [[] for _ in range(rows)]
+        sequences = [r.sequence for r in self.active]
+        for slot in range(num_slots):
+            raw = self.drafter.confidence_logits(hidden[:, slot], previous)
+            if raw is not None:
+                for row, value in enumerate(self.drafter.calibrated_confidence(raw, slot).tolist()):
+                    confidences[row].append(value)
+            corrected = base_logits[:, slot]
+            if self.drafter.markov_head is not None:
+                bias, state = self.drafter.markov_head(previous, hidden[:, slot], state)
+                corrected = corrected + bias.float()
+            corrected = self._process(sequences, corrected)
+            token = self._sample(corrected)
+            for row, t in enumerate(token.tolist()):
+                sequences[row] = sequences[row] + [t]
+            ids.append(token)
+            logits.append(corrected)
+            previous = token
+        if not ids:
+            empty = torch.zeros(rows, 0, dtype=torch.long, device=self.device)
+            return _Draft(empty, base_logits[:, :0], confidences)
+        return _Draft(torch.stack(ids, dim=1), torch.stack(logits, dim=1), confidences)
+
+    def _verification_lengths(self, confidences: list[list[float]], budgets: list[int]) -> list[int]:
+        if isinstance(self.policy, FullBlockPolicy) or not self.policy.requires_confidence:
+            lengths = [self.drafter.config.block_size] * len(budgets)
+        elif getattr(self.policy, "schedules_batches", False):
+            lengths = self.policy.batch_lengths(confidences)
+        else:
+            lengths = [self._sequential_length(row) for row in confidences]
+        return [max(0, min(length, budget)) for length, budget in zip(lengths, budgets)]
+
+    def _sequential_length(self, confidences: list[float]) -> int:
+        length = 0
+        while length < len(confidences) and self.policy.should_verify(length + 1, confidences[: length + 1]):
+            length += 1
+        return length
+
+    def _verify_row(self, request, row, length, verify_ids, logits, draft) -> tuple[list[int], int]:
+        """Greedy matching or speculative sampling for one row; returns (committed tokens, accepted drafts)."""
+        sequence = request.sequence
+        target_logits = torch.stack([self._process([sequence + verify_ids[row, 1:1 + k].tolist()],
+                                                   logits[row, k][None])[0] for k in range(length + 1)])
+        if self.do_sample and length > 0:
+            candidates = torch.cat([torch.tensor([sequence], device=self.device), verify_ids[row:row + 1, 1:1 + length]],
+                                   dim=1)
+            tokens, num_accepted = _speculative_sampling(candidates, draft.logits[row:row + 1, :length], length,
+                                                         target_logits[None])
+            return tokens[0].tolist(), int(num_accepted)
+        choices = self._sample(target_logits)
+        drafts = verify_ids[row, 1:1 + length]
+        matches = (drafts == choices[:length]).long().cumprod(0)
+        num_accepted = int(matches.sum())
+        return drafts[:num_accepted].tolist() + [int(choices[num_accepted])], num_accepted
+
+    def _advance(self, accepted: list[int], longest: int, features, positions) -> None:
+        """Keeps the verified slots (holes masked), crops slots that are holes in every row, moves anchors."""
+        keep = 1 + max(accepted)
+        self.cache.crop(-(longest + 1 - keep))
+        counts = torch.tensor(accepted, device=self.device)
+        kept_mask = torch.arange(keep, device=self.device)[None, :] <= counts[:, None]
+        self.slot_mask = torch.cat([self.slot_mask, kept_mask], dim=1)
+        if self.drafter is not None:
+            self._ingest(self.draft_cache, features[:, :keep], positions[:, :keep])
+        self.next_position = self.next_position + 1 + counts
+
+    def _commit_and_retire(self, committed: dict[int, list[int]]) -> list[DSparkRequest]:
+        """Appends each row's committed tokens (cut at EOS and budget), sets anchors, removes finished rows."""
+        done = []
+        for row, tokens in committed.items():
+            request = self.active[row]
+            tokens = tokens[: request.max_new_tokens - len(request.output_ids)]
+            for i, token in enumerate(tokens):
+                if token in self.eos_token_ids:
+                    tokens = tokens[: i + 1]
+                    break
+            request.output_ids += tokens
+            self.anchor[row] = tokens[-1]
+            if len(request.output_ids) >= request.max_new_tokens or tokens[-1] in self.eos_token_ids:
+                request.finished, request.finish_time = True, time.perf_counter()
+                done.append(request)
+        if done:
+            keep_rows = [i for i, r in enumerate(self.active) if not r.finished]
+            self._select_rows(keep_rows)
+            self.finished += done
+        return done
+
+    def _select_rows(self, keep_rows: list[int]) -> None:
+        self.active = [self.active[i] for i in keep_rows]
+        if not self.active:
+            self._reset_batch_state()
+            return
+        index = torch.tensor(keep_rows, device=self.device)
+        self.cache.batch_select_indices(index)
+        if self.drafter is not None:
+            self.draft_cache.batch_select_indices(index.to(self.drafter.device))
+        self.slot_mask = self.slot_mask[index]
+        self.next_position, self.anchor = self.next_position[index], self.anchor[index]
+        holes = leading_holes(self.slot_mask)
+        drop_slots_left(self.cache, holes)
+        drop_slots_left(self.draft_cache, holes)
+        self.slot_mask = self.slot_mask[:, holes:]
+
+    # --- token choice -------------------------------------------------------------------------------------------
+
+    def _process(self, sequences: list[list[int]], logits: torch.Tensor) -> torch.Tensor:
+        """Applies the logits processors row by row (each row has its own history)."""
+        if not self.logits_processor:
+            return logits
+        return torch.cat([self.logits_processor(torch.tensor([seq], device=logits.device), logits[i:i + 1])
+                          for i, seq in enumerate(sequences)])
+
+    def _pick(self, history: list[int], logits: torch.Tensor) -> torch.Tensor:
+        return self._sample(self._process([history], logits[None]))[0]
+
+    def _sample(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.do_sample:
+            return torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(-1)
+        return logits.argmax(dim=-1)
+
+
+def generate_batch(
+    target: PreTrainedModel,
+    drafter: DSparkDrafter,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor | None,
+    max_length: int,
+    do_sample: bool,
+    logits_processor: LogitsProcessorList | None,
+    eos_token_id: list[int] | None,
+    pad_token_id: int | None,
+) -> torch.LongTensor:
+    """`generate` semantics for a left-padded batch: returns `(batch, prompt + new)` ids, finished rows padded."""
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    mask = attention_mask.bool()
+    # Left padding means every row's mask is 0...0 1...1; anything else would silently shift positions.
+    if bool((mask[:, 1:].long() - mask[:, :-1].long() < 0).any()):
+        raise ValueError(
+            "The batch is right-padded (a 0 after a 1 in attention_mask). DSpark batches need left padding: "
+            "set tokenizer.padding_side = 'left' before tokenizing."
+        )
+    if pad_token_id is None:
+        raise ValueError("Batched generation needs a pad token: pass pad_token_id=... (e.g. tokenizer.pad_token_id).")
+    engine = DSparkBatchEngine(target, drafter, do_sample=do_sample, logits_processor=logits_processor,
+                               eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    max_new_tokens = max_length - input_ids.shape[1]
+    requests = [engine.add_request(row[m], max_new_tokens) for row, m in zip(input_ids, mask)]
+    engine.run()
+    width = max(len(r.output_ids) for r in requests)
+    out = torch.full((input_ids.shape[0], width), pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
+    for row, request in enumerate(requests):
+        out[row, : len(request.output_ids)] = torch.tensor(request.output_ids, dtype=input_ids.dtype)
+    merged = DSparkGenerationStats(drafter.config.block_size, [rnd for r in requests for rnd in r.stats.rounds])
+    drafter.generation_stats = merged
+    drafter.batch_generation_stats = [r.stats for r in requests]
+    return torch.cat([input_ids, out], dim=1)

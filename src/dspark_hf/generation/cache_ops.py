@@ -1,0 +1,56 @@
+"""Slot-level operations on `DynamicCache`s for the batched engine.
+
+Rows of a batch accept different numbers of drafts, so the engine keeps one shared slot axis: every verification
+forward appends the same number of slots to every row, and a boolean `slot_mask` says which slots hold committed
+tokens (rejected drafts and padding become masked holes). These helpers align, merge and trim such caches.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+def _layers(cache: DynamicCache):
+    return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0]
+
+
+def pad_slots_left(cache: DynamicCache | None, num_slots: int) -> None:
+    """Prepends `num_slots` empty slots to every row of `cache` (the caller masks them)."""
+    if cache is None or num_slots <= 0:
+        return
+    for layer in _layers(cache):
+        for name in ("keys", "values"):
+            states = getattr(layer, name)
+            pad = states.new_zeros(*states.shape[:2], num_slots, states.shape[-1])
+            setattr(layer, name, torch.cat([pad, states], dim=2))
+
+
+def pad_mask_left(slot_mask: torch.Tensor, num_slots: int) -> torch.Tensor:
+    return torch.cat([slot_mask.new_zeros(slot_mask.shape[0], max(num_slots, 0)), slot_mask], dim=1)
+
+
+def drop_slots_left(cache: DynamicCache | None, num_slots: int) -> None:
+    """Removes the first `num_slots` slots of every row of `cache`."""
+    if cache is None or num_slots <= 0:
+        return
+    for layer in _layers(cache):
+        layer.keys = layer.keys[:, :, num_slots:]
+        layer.values = layer.values[:, :, num_slots:]
+
+
+def leading_holes(slot_mask: torch.Tensor) -> int:
+    """How many leading slots are holes in every row (e.g. after the longest prompt finished)."""
+    valid_columns = slot_mask.any(dim=0).nonzero()
+    return int(valid_columns[0]) if valid_columns.numel() else slot_mask.shape[1]
+
+
+def concat_rows(first: DynamicCache, second: DynamicCache) -> None:
+    """Appends the rows of `second` to `first` in place; both must have the same number of slots."""
+    for layer_a, layer_b in zip(first.layers, second.layers):
+        if getattr(layer_a, "keys", None) is None or layer_a.keys.numel() == 0:
+            layer_a.keys, layer_a.values = layer_b.keys, layer_b.values
+            layer_a.is_initialized = True
+            continue
+        layer_a.keys = torch.cat([layer_a.keys, layer_b.keys], dim=0)
+        layer_a.values = torch.cat([layer_a.values, layer_b.values], dim=0)

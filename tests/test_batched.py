@@ -1,0 +1,121 @@
+"""Batched DSpark generation: every row identical to its solo generation, rows finishing and joining freely."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import make_drafter, make_target
+from dspark_hf.generation.batched import DSparkBatchEngine
+
+
+def solo(target, prompt, max_new_tokens, **kwargs):
+    out = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0,
+                          **kwargs)
+    return out[0, len(prompt):].tolist()
+
+
+def left_pad(prompts):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_generate_batch_rows_equal_solo_rows(arch):
+    target = make_target(arch, seed=5)
+    drafter = make_drafter(target, block_size=5)
+    prompts = [[5, 6, 7, 8, 9, 10, 11], [12], [40, 41, 42], [7, 7]]
+    ids, mask = left_pad(prompts)
+    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=False, max_new_tokens=17,
+                          pad_token_id=0, eos_token_id=None)
+    assert out.shape == (4, ids.shape[1] + 17)
+    for row, prompt in enumerate(prompts):
+        assert out[row, ids.shape[1]:].tolist() == solo(target, prompt, 17, eos_token_id=None)
+    assert len(drafter.batch_generation_stats) == 4 and drafter.generation_stats.num_rounds > 0
+
+
+def test_rows_finish_at_different_times_on_eos():
+    target = make_target("llama", seed=2)
+    drafter = make_drafter(target, block_size=4)
+    prompts = [[3, 4, 5], [50, 51], [9, 8, 7, 6]]
+    # An EOS the first row emits early: the other rows keep going (or stop at their own EOS).
+    eos = solo(target, prompts[0], 5, eos_token_id=None)[2]
+    expected = [solo(target, p, 20, eos_token_id=eos) for p in prompts]
+    ids, mask = left_pad(prompts)
+    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=False, max_new_tokens=20,
+                          pad_token_id=0, eos_token_id=eos)
+    for row, tokens in enumerate(expected):
+        generated = out[row, ids.shape[1]:].tolist()
+        assert generated[: len(tokens)] == tokens
+        assert all(t == 0 for t in generated[len(tokens):])  # padded after its EOS, like transformers
+    assert len({len(t) for t in expected}) > 1
+
+
+def test_a_request_joining_mid_run_is_unaffected():
+    target = make_target("qwen3", seed=8)
+    drafter = make_drafter(target, block_size=3)
+    engine = DSparkBatchEngine(target, drafter, pad_token_id=0)
+    first = [engine.add_request([4, 5, 6, 7, 8, 9], 14), engine.add_request([33], 9)]
+    engine.step()
+    engine.step()
+    late = engine.add_request([21, 22, 23, 24, 25, 26, 27, 28, 29], 12)  # longer than every cached row
+    engine.step()
+    late_short = engine.add_request([2, 3], 6)
+    engine.run()
+    for request in first + [late, late_short]:
+        assert request.finished
+        assert request.output_ids == solo(target, request.prompt_ids, request.max_new_tokens, eos_token_id=None)
+
+
+def test_target_only_engine_matches_plain_decoding():
+    target = make_target("llama", seed=4)
+    engine = DSparkBatchEngine(target, None, pad_token_id=0)
+    prompts = [[5, 9], [1, 2, 3, 4, 5, 6], [60]]
+    requests = [engine.add_request(p, 11) for p in prompts]
+    engine.run()
+    assert [r.output_ids for r in requests] == [solo(target, p, 11, eos_token_id=None) for p in prompts]
+
+
+def test_batched_drafts_are_the_solo_drafts():
+    """Same accept lengths as the batch-1 generate path: the drafter sees the same context and positions."""
+    target = make_target("llama", seed=1)
+    drafter = make_drafter(target, block_size=4)
+    prompts = [[5, 6, 7], [9, 10, 11, 12, 13, 14], [20]]
+    engine = DSparkBatchEngine(target, drafter, pad_token_id=0)
+    requests = [engine.add_request(p, 15) for p in prompts]
+    engine.run()
+    for prompt, request in zip(prompts, requests):
+        target.generate(torch.tensor([prompt]), assistant_model=drafter, do_sample=False, max_new_tokens=15,
+                        eos_token_id=None, pad_token_id=0)
+        assert request.stats.accept_lengths == drafter.generation_stats.accept_lengths
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 1000),
+    prompts=st.lists(st.lists(st.integers(3, 96), min_size=1, max_size=9), min_size=2, max_size=5),
+    max_new_tokens=st.integers(1, 16),
+    block_size=st.integers(1, 6),
+)
+def test_batched_greedy_property(seed, prompts, max_new_tokens, block_size):
+    target = make_target("llama", seed=seed)
+    drafter = make_drafter(target, seed=seed + 1, block_size=block_size)
+    ids, mask = left_pad(prompts)
+    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=False,
+                          max_new_tokens=max_new_tokens, pad_token_id=0, eos_token_id=None)
+    for row, prompt in enumerate(prompts):
+        assert out[row, ids.shape[1]:].tolist() == solo(target, prompt, max_new_tokens, eos_token_id=None)
+
+
+def test_batched_sampling_runs_and_respects_lengths():
+    target = make_target("llama", seed=3)
+    drafter = make_drafter(target, block_size=4)
+    torch.manual_seed(0)
+    ids, mask = left_pad([[5, 6], [7, 8, 9, 10]])
+    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=True, max_new_tokens=12,
+                          pad_token_id=0, eos_token_id=None)
+    assert out.shape == (2, ids.shape[1] + 12)
