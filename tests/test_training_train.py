@@ -107,7 +107,6 @@ def test_cli_trains_with_a_feature_cache_and_saves_the_official_layout(tmp_path,
 
 
 def test_no_data_and_bad_data_name_the_fix(tmp_path):
-    target = learnable_target()
     with pytest.raises(ValueError, match="prepare-data"):
         train.prepare_datasets(train.DSparkDataArguments(train_data=[]), seed=0)
     folder = tmp_path / "empty"
@@ -116,4 +115,3 @@ def test_no_data_and_bad_data_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="two consecutive"):
         train.prepare_datasets(train.DSparkDataArguments(train_data=[str(folder)]), seed=0)
     assert train.prompt_ids({"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]}) == [5, 6]
-    del target
