@@ -3,8 +3,8 @@
 Pure functions on calibrated confidences and a profiled steps-per-second curve; no model involved.
 
 For request r with calibrated per-position confidences ``c[r][1..γ]``, the prefix survival probability of draft j is
-``a[r][j] = Π_{i<=j} c[r][i]``. Verifying lengths ``ℓ_r`` sends ``B = Σ_r (1 + ℓ_r)`` tokens through the target and
-is expected to commit ``τ = Σ_r (1 + Σ_{j<=ℓ_r} a[r][j])`` tokens, i.e. ``Θ = τ · SPS(B)`` tokens per second.
+``a[r][j] = Π_{i<=j} c[r][i]``. Verifying lengths ``ℓ_r`` sends ``B = Σ_r (1 + ℓ_r)`` tokens through the
+target and is expected to commit ``τ = Σ_r (1 + Σ_{j<=ℓ_r} a[r][j])`` tokens: ``Θ = τ · SPS(B)`` tokens per second.
 
 **How `SPS(B)` is read from a profile.** A profile need not list every size. A size between two profiled ones runs at
 the speed of the next larger profiled size (an engine that captured CUDA graphs only at those sizes pads up to them;
@@ -84,7 +84,9 @@ class StepsPerSecondCurve:
                     "Load it with dspark_hf.profiling.load_steps_per_second(path)."
                 ) from None
             if size < 1 or not math.isfinite(speed) or speed <= 0:
-                raise ValueError(f"steps_per_second needs token counts >= 1 and finite speeds > 0, got {key!r}: {value!r}.")
+                raise ValueError(
+                    f"steps_per_second needs token counts >= 1 and finite speeds > 0, got {key!r}: {value!r}."
+                )
             pairs[size] = speed
         if not pairs:
             raise ValueError("steps_per_second is empty; profile the target first (`dspark-hf profile`).")

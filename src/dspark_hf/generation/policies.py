@@ -4,12 +4,28 @@ Every policy here is *non-anticipating* (spec 5.2, paper Appendix A): whether dr
 x_k is sampled, from the calibrated confidences c_1..c_k only (c_k reads x_{k-1}, never x_k). The candidate
 generator asks the policy once per slot, left to right, and stops drafting at the first "no"; that early stop is what
 keeps speculative sampling exact.
+
+Select a policy by name on the drafter (``drafter.verification_policy = "threshold"``) or pass an instance:
+
+```python
+>>> from dspark_hf.generation.policies import get_policy
+>>> get_policy("threshold", threshold=0.3, cumulative=True)
+ThresholdPolicy(threshold=0.3, cumulative=True)
+>>> policy = get_policy("hardware_aware", steps_per_second={1: 10.0, 2: 6.0, 3: 5.5})
+>>> [policy.should_verify(k, [0.9, 0.8, 0.2][:k]) for k in (1, 2, 3)]
+[True, True, False]
+
+```
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from ..scheduling import StepsPerSecondCurve, schedule_verification_lengths
 
 
 class VerificationPolicy:
@@ -24,8 +40,17 @@ class VerificationPolicy:
         Args:
             position (`int`): the slot about to be sampled, 1..block_size.
             confidences (`Sequence[float]`): calibrated c_1..c_position (empty for drafters without confidence head).
+                A policy must not read past index `position - 1`.
         """
         raise NotImplementedError
+
+    def verification_length(self, confidences: Sequence[float]) -> int:
+        """The number of drafts this policy verifies for a block with confidences c_1..c_B: what the candidate
+        generator's slot-by-slot loop ends up with (for analysis and tests; generation asks slot by slot)."""
+        length = 0
+        while length < len(confidences) and self.should_verify(length + 1, confidences[: length + 1]):
+            length += 1
+        return length
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -42,8 +67,14 @@ class FullBlockPolicy(VerificationPolicy):
 
 
 class ThresholdPolicy(VerificationPolicy):
-    """Stop at the first slot whose calibrated confidence c_k (or cumulative a_k = Π c_i if `cumulative`) is below
-    `threshold`. With `threshold <= 0` it verifies the whole block, like DeepSpec's evaluator (spec 3.9)."""
+    """Static threshold (DeepSpec's evaluator, spec 3.9): stop at the first slot whose calibrated confidence c_k is
+    below `threshold`, or, with `cumulative=True`, whose prefix survival probability ``a_k = Π_{i<=k} c_i`` is.
+    With `threshold <= 0` it verifies the whole block.
+
+    Args:
+        threshold (`float`, defaults to 0.5): in [0, 1].
+        cumulative (`bool`, defaults to `False`): compare ``a_k`` instead of ``c_k``.
+    """
 
     name = "threshold"
     requires_confidence = True
@@ -60,48 +91,63 @@ class ThresholdPolicy(VerificationPolicy):
 
 
 class HardwareAwarePolicy(VerificationPolicy):
-    """Algorithm 1 of the paper for one request: keep extending the verified prefix while the expected tokens per
-    second, ``(1 + Σ_{j<=k} a_j) · SPS(1 + k)``, strictly improves; stop at the first slot that does not improve it.
+    """Algorithm 1 of the paper for one request: extend the verified prefix while the expected tokens per second,
+    ``(1 + Σ_{j<=k} a_j) · SPS(1 + k)``, strictly improves, and stop at the first slot that does not improve it.
+
+    `should_verify(k, c_1..c_k)` is `schedule_verification_lengths([c_1..c_k], SPS)[0] >= k`; because Algorithm 1
+    stops early, slot-by-slot asking gives exactly ``schedule_verification_lengths([c_1..c_B], SPS)[0]``.
 
     Args:
-        steps_per_second (`Mapping[int, float]`): the target's profiled forward steps per second by number of tokens
-            in the verification forward (1 = plain decoding). Sizes missing from the table are not verified.
+        steps_per_second (`Mapping[int, float]`, `Sequence[float]`, [`StepsPerSecondCurve`], or a path): the target's
+            profiled forward steps per second by number of tokens in the verification forward (1 = plain decoding),
+            or the path of a profile written by `dspark-hf profile` (a JSON file, or the drafter folder holding it).
+            Sizes between profiled ones run at the next larger profiled size's speed; larger sizes are never
+            verified (see `dspark_hf.scheduling`).
     """
 
     name = "hardware_aware"
     requires_confidence = True
 
-    def __init__(self, steps_per_second: Mapping[int, float]):
-        table = {int(k): float(v) for k, v in steps_per_second.items()}
-        if 1 not in table or any(v <= 0 for v in table.values()):
-            raise ValueError(
-                f"steps_per_second must map token counts to positive speeds and include 1, got {steps_per_second}."
-            )
-        self.steps_per_second = table
+    def __init__(
+        self, steps_per_second: Mapping[int, float] | Sequence[float] | StepsPerSecondCurve | str | os.PathLike
+    ):
+        if isinstance(steps_per_second, (str, os.PathLike)):
+            from ..profiling import load_steps_per_second  # lazy: profiling imports model loading
+
+            steps_per_second = load_steps_per_second(steps_per_second)
+        self.steps_per_second = StepsPerSecondCurve.from_table(steps_per_second)
+
+    @classmethod
+    def from_profile(cls, path: str | os.PathLike) -> "HardwareAwarePolicy":
+        """The policy for a profile saved by `dspark-hf profile` (a JSON file, or the folder it was saved in)."""
+        return cls(Path(path))
 
     def should_verify(self, position: int, confidences: Sequence[float]) -> bool:
-        if position + 1 not in self.steps_per_second:
-            return False
-        survival, expected, best = 1.0, 1.0, self.steps_per_second[1]
-        for j in range(1, position + 1):
-            survival *= confidences[j - 1]
-            expected += survival
-            theta = expected * self.steps_per_second.get(j + 1, 0.0)
-            if theta <= best:
-                return False
-            best = theta
-        return True
+        return schedule_verification_lengths([confidences[:position]], self.steps_per_second)[0] >= position
+
+    def __repr__(self) -> str:
+        table = dict(zip(self.steps_per_second.sizes, self.steps_per_second.speeds))
+        return f"HardwareAwarePolicy(steps_per_second={table})"
 
 
 POLICIES = {cls.name: cls for cls in (FullBlockPolicy, ThresholdPolicy, HardwareAwarePolicy)}
 
 
 def get_policy(policy: str | VerificationPolicy | None, **kwargs) -> VerificationPolicy:
-    """A policy from its name (`"full"`, `"threshold"`, `"hardware_aware"`) and arguments, or the object itself."""
+    """A policy from its name (`"full"`, `"threshold"`, `"hardware_aware"`) and arguments, or the object itself.
+
+    `"hardware_aware"` needs `steps_per_second=` (a table, or the path of a saved profile).
+    """
     if policy is None:
         return FullBlockPolicy()
     if isinstance(policy, VerificationPolicy):
         return policy
     if policy not in POLICIES:
         raise ValueError(f"Unknown verification policy {policy!r}; choose one of {sorted(POLICIES)}.")
+    if policy == HardwareAwarePolicy.name and "steps_per_second" not in kwargs:
+        raise ValueError(
+            "The 'hardware_aware' policy needs the target's profiled speeds: profile once with `dspark-hf profile "
+            "--drafter DRAFTER_DIR`, then set drafter.verification_policy = "
+            "HardwareAwarePolicy.from_profile(DRAFTER_DIR) (or get_policy('hardware_aware', steps_per_second=PATH))."
+        )
     return POLICIES[policy](**kwargs)

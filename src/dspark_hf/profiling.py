@@ -1,0 +1,292 @@
+"""`dspark-hf profile`: the target's forward steps per second by number of tokens in a verification forward.
+
+The hardware-aware scheduler (spec 5.2) needs ``SPS(B)``, measured on the machine that serves. Every size from 1 to
+`--max-tokens` is timed on its own, because real curves are not smooth: on a small CPU, verifying 2 tokens costs
+2-3x a one-token decode step, then cost barely grows with more tokens (see the module docs of
+`dspark_hf.scheduling` for how sizes missing from a profile are read).
+
+Each forward runs over a cache of `--context-length` tokens (cropped back after every forward, as speculative
+decoding does), with warmup rounds first, and the sizes are timed round-robin so that load drifts spread over all of
+them; the median of the repeats is kept. The JSON also records the raw timings and the machine.
+
+```bash
+# writes path/to/drafter/dspark_sps_profile.json
+dspark-hf profile --target smollm2-135m-instruct --drafter path/to/drafter
+dspark-hf profile --target my-target --max-tokens 16 --batch-sizes 1 2 4 --output sps.json
+```
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import DynamicCache, HfArgumentParser
+from transformers.utils import logging
+
+
+logger = logging.get_logger(__name__)
+
+PROFILE_FILE_NAME = "dspark_sps_profile.json"
+PROFILE_FORMAT = "dspark-hf-sps-profile"
+PROFILE_VERSION = 1
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type != "cpu" and hasattr(torch, "accelerator"):
+        torch.accelerator.synchronize()
+
+
+@torch.no_grad()
+def time_verification_forwards(
+    model: torch.nn.Module,
+    num_tokens: Sequence[int],
+    batch_size: int = 1,
+    context_length: int = 256,
+    warmup: int = 2,
+    repeats: int = 5,
+    timer: Callable[[], float] = time.perf_counter,
+    seed: int = 0,
+    forward_kwargs: dict | None = None,
+) -> dict[int, list[float]]:
+    """Wall-clock seconds of target forwards of `k` new tokens per row over a `context_length`-token cache.
+
+    Args:
+        model (`PreTrainedModel`): the target, called as ``model(input_ids=..., cache=..., use_cache=True)``.
+        num_tokens (`Sequence[int]`): the forward sizes k (tokens per row) to time.
+        batch_size (`int`): rows per forward.
+        context_length (`int`): tokens already in the cache (a prompt plus earlier output).
+        warmup (`int`), repeats (`int`): untimed and timed rounds; each round times every size once, in order.
+        timer (`Callable[[], float]`): the clock (seconds).
+        forward_kwargs (`dict`, *optional*): extra arguments of every forward, e.g. the
+            ``output_hidden_states=[...]`` request that DSpark's verification forwards carry.
+
+    Returns:
+        `dict[int, list[float]]`: the `repeats` timings of each size.
+    """
+    if context_length < 1 or batch_size < 1 or repeats < 1 or warmup < 0 or any(k < 1 for k in num_tokens):
+        raise ValueError(
+            f"Need context_length, batch_size, repeats >= 1, warmup >= 0 and sizes >= 1; got {context_length}, "
+            f"{batch_size}, {repeats}, {warmup}, {list(num_tokens)}."
+        )
+    device = model.device
+    vocab_size = model.config.get_text_config().vocab_size
+    generator = torch.Generator().manual_seed(seed)
+    context = torch.randint(vocab_size, (batch_size, context_length), generator=generator)
+    cache = DynamicCache(config=model.config)
+    forward_kwargs = forward_kwargs or {}
+    model(input_ids=context.to(device), cache=cache, use_cache=True, **forward_kwargs)
+    timings = {k: [] for k in num_tokens}
+    for round_index in range(warmup + repeats):
+        for k in num_tokens:
+            new_tokens = torch.randint(vocab_size, (batch_size, k), generator=generator).to(device)
+            _synchronize(device)
+            start = timer()
+            model(input_ids=new_tokens, cache=cache, use_cache=True, **forward_kwargs)
+            _synchronize(device)
+            elapsed = timer() - start
+            cache.crop(-k)  # drop the verified tokens again, as a rejected draft block would be
+            if round_index >= warmup:
+                timings[k].append(elapsed)
+    return timings
+
+
+def machine_metadata(device: torch.device | str = "cpu") -> dict:
+    """What the profile is only valid for: device, processor, thread count and library versions."""
+    device = torch.device(device)
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        version = importlib.metadata.version("dspark-hf")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    return {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu,
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_num_threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "dspark_hf": version,
+    }
+
+
+def profile_steps_per_second(
+    model: torch.nn.Module,
+    max_tokens: int = 16,
+    batch_sizes: Sequence[int] = (1,),
+    context_length: int = 256,
+    warmup: int = 2,
+    repeats: int = 5,
+    timer: Callable[[], float] = time.perf_counter,
+    forward_kwargs: dict | None = None,
+) -> dict:
+    """Profiles ``SPS`` for every forward size ``1..max_tokens`` (tokens per row) and every batch size.
+
+    Returns:
+        `dict`: the profile (JSON-ready): ``steps_per_second`` (batch 1, or the smallest batch size profiled) maps
+        ``"k"`` to the median steps/s, ``by_batch_size`` maps ``"rows"`` to such a table, ``seconds`` holds the raw
+        timings, ``settings`` and ``metadata`` describe the run. Save it with [`save_profile`].
+    """
+    if max_tokens < 1 or not batch_sizes:
+        raise ValueError(f"Need max_tokens >= 1 and at least one batch size, got {max_tokens} and {list(batch_sizes)}.")
+    sizes = list(range(1, max_tokens + 1))
+    by_batch_size, seconds = {}, {}
+    for rows in sorted(set(int(b) for b in batch_sizes)):
+        timings = time_verification_forwards(
+            model, sizes, rows, context_length, warmup, repeats, timer, forward_kwargs=forward_kwargs
+        )
+        seconds[str(rows)] = {str(k): t for k, t in timings.items()}
+        by_batch_size[str(rows)] = {str(k): 1.0 / statistics.median(t) for k, t in timings.items()}
+    return {
+        "format": PROFILE_FORMAT,
+        "version": PROFILE_VERSION,
+        "steps_per_second": next(iter(by_batch_size.values())),
+        "by_batch_size": by_batch_size,
+        "seconds": seconds,
+        "settings": {
+            "target": getattr(model, "name_or_path", None) or type(model).__name__,
+            "dtype": str(getattr(model, "dtype", None)),
+            "max_tokens": max_tokens,
+            "batch_sizes": [int(b) for b in by_batch_size],
+            "context_length": context_length,
+            "warmup": warmup,
+            "repeats": repeats,
+            "statistic": "median",
+            "forward_kwargs": forward_kwargs or {},
+        },
+        "metadata": {
+            **machine_metadata(model.device),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        },
+    }
+
+
+def _profile_path(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    return path / PROFILE_FILE_NAME if path.is_dir() else path
+
+
+def save_profile(profile: dict, path: str | os.PathLike) -> Path:
+    """Writes `profile` as JSON to `path` (a file, or a folder such as the drafter's, which gets
+    `dspark_sps_profile.json`) and returns the file written."""
+    path = _profile_path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(profile, indent=2) + "\n")
+    return path
+
+
+def load_steps_per_second(path: str | os.PathLike, batch_size: int = 1) -> dict[int, float]:
+    """The ``{num_tokens: steps_per_second}`` table of a saved profile, for forwards of `batch_size` rows.
+
+    Args:
+        path (`str` or `os.PathLike`): a profile written by `dspark-hf profile`, the folder holding one
+            (`dspark_sps_profile.json`), or a hand-written JSON table (``{"1": 12.5, "2": 5.1, ...}`` or a list whose
+            entry i is the speed at i + 1 tokens).
+        batch_size (`int`, defaults to 1): which profiled batch size to read.
+    """
+    path = _profile_path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"No steps-per-second profile at {path}; create one with `dspark-hf profile --output {path}`."
+        )
+    data = json.loads(path.read_text())
+    if isinstance(data, list):
+        return {i + 1: float(v) for i, v in enumerate(data)}
+    if data.get("format") != PROFILE_FORMAT:
+        try:
+            return {int(k): float(v) for k, v in data.items()}
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"{path} is neither a `dspark-hf profile` file nor a {{num_tokens: steps/s}} table."
+            ) from None
+    tables = data["by_batch_size"]
+    if str(batch_size) not in tables:
+        raise ValueError(
+            f"{path} has no profile for batch size {batch_size} (it has {sorted(map(int, tables))}); rerun "
+            f"`dspark-hf profile --batch-sizes ... {batch_size}`."
+        )
+    return {int(k): float(v) for k, v in tables[str(batch_size)].items()}
+
+
+@dataclass
+class ProfileArguments:
+    target: str = field(
+        default="smollm2-135m-instruct", metadata={"help": "target model: embedded name, Hub id or local folder"}
+    )
+    drafter: str | None = field(
+        default=None, metadata={"help": f"drafter folder to save the profile in (as {PROFILE_FILE_NAME})"}
+    )
+    output: str | None = field(
+        default=None,
+        metadata={"help": f"profile file or folder (default: the drafter folder, else ./{PROFILE_FILE_NAME})"},
+    )
+    max_tokens: int = field(default=16, metadata={"help": "profile forwards of 1..max_tokens tokens per row"})
+    batch_sizes: list[int] = field(default_factory=lambda: [1], metadata={"help": "rows per forward to profile"})
+    context_length: int = field(default=256, metadata={"help": "tokens already in the cache during each forward"})
+    warmup: int = field(default=2, metadata={"help": "untimed rounds over all sizes"})
+    repeats: int = field(default=5, metadata={"help": "timed rounds over all sizes (the median is kept)"})
+    device: str | None = field(default=None, metadata={"help": "cuda, cpu, ... (default: cuda if available)"})
+    dtype: str = field(default="float32", metadata={"help": "target dtype: float32, bfloat16, float16"})
+
+
+def _print_table(profile: dict) -> None:
+    for rows, table in profile["by_batch_size"].items():
+        decode = table["1"]
+        print(f"batch {rows}: tokens/row  ms/forward  steps/s  cost vs 1 token")
+        for k, speed in table.items():
+            print(f"        {int(k):>10}  {1000.0 / speed:>10.2f}  {speed:>7.2f}  {decode / speed:>6.2f}x")
+
+
+def _drafter_forward_kwargs(drafter_dir: str | None) -> dict:
+    """The hidden-state request a DSpark verification forward carries, read from the drafter's config.json."""
+    config_path = Path(drafter_dir) / "config.json" if drafter_dir else None
+    if config_path is None or not config_path.is_file():
+        return {}
+    layer_ids = json.loads(config_path.read_text()).get("target_layer_ids") or []
+    return {"output_hidden_states": [int(i) + 1 for i in layer_ids]} if layer_ids else {}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = HfArgumentParser(ProfileArguments)
+    parser.prog = "dspark-hf profile"
+    (args,) = parser.parse_args_into_dataclasses(args=argv if argv is not None else sys.argv[1:])
+    from transformers import AutoModelForCausalLM
+
+    from .models import resolve_target_path
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype, None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"--dtype {args.dtype!r} is not a torch dtype; use float32, bfloat16 or float16.")
+    model = AutoModelForCausalLM.from_pretrained(resolve_target_path(args.target), dtype=dtype).to(device).eval()
+    profile = profile_steps_per_second(
+        model, args.max_tokens, args.batch_sizes, args.context_length, args.warmup, args.repeats,
+        forward_kwargs=_drafter_forward_kwargs(args.drafter),
+    )
+    profile["settings"]["target"] = args.target
+    profile["metadata"]["command"] = ["dspark-hf", "profile", *(argv if argv is not None else sys.argv[1:])]
+    path = save_profile(profile, args.output or args.drafter or PROFILE_FILE_NAME)
+    _print_table(profile)
+    print(f"saved {path}")
+    return 0

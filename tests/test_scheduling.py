@@ -1,0 +1,306 @@
+"""Algorithm 1 (hardware-aware prefix scheduler), its production variant, and the paper's Appendix A counterexample.
+
+The Appendix A tests enumerate the sampling randomness exactly (fractions, no Monte Carlo): a tiny speculative
+sampler with γ = 2 over the vocabulary {A, B} whose confidence c_2 depends on the sampled x_1.
+"""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dspark_hf.generation.policies import HardwareAwarePolicy, ThresholdPolicy
+from dspark_hf.scheduling import (
+    StepsPerSecondCurve,
+    expected_throughput,
+    prefix_survival_probabilities,
+    schedule_verification_lengths,
+    schedule_verification_lengths_async,
+    top_k_verification_lengths,
+    verification_capacity,
+)
+
+
+# The shape this CPU shows (docs/cpu-measurements.md): verifying 2+ tokens costs ~2-3x a decode step, then flattens.
+CPU_LIKE = {1: 10.0, 2: 4.0, 3: 3.9, 4: 3.8, 5: 3.7, 6: 3.6, 7: 3.5, 8: 3.4}
+SMOOTH = {b: 10.0 / (1 + 0.1 * (b - 1)) for b in range(1, 17)}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Hand-made tables
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_prefix_survival_is_the_running_product():
+    assert prefix_survival_probabilities([[0.5, 0.5, 1.0], [0.9]]) == [[0.5, 0.25, 0.25], [0.9]]
+
+
+def test_single_request_on_a_smooth_curve():
+    # Θ_0 = 10, Θ_1 = 1.9·10/1.1 = 17.27, Θ_2 = 2.71·10/1.2 = 22.58, Θ_3 = (2.71 + 0.729)·10/1.3 = 26.45,
+    # Θ_4 = (3.439 + 0.06561)·10/1.4 = 25.03 -> stop at 3.
+    assert schedule_verification_lengths([[0.9, 0.9, 0.9, 0.09, 0.9]], SMOOTH) == [3]
+
+
+def test_cpu_cliff_needs_confident_drafts():
+    # Crossing the 1 -> 2 token cliff needs Θ_1 = (1 + a_1)·4 > 10, i.e. a_1 > 1.5: never worth it for one draft...
+    assert schedule_verification_lengths([[0.99] * 7], CPU_LIKE) == [0]
+    # ...and the early break stops there even though a long confident block would pay off later on this curve.
+    assert expected_throughput([[0.99] * 7], [7], CPU_LIKE) > 10.0
+
+
+def test_requests_are_interleaved_by_survival_probability():
+    confidences = [[0.95, 0.9, 0.5], [0.6, 0.9], [0.99, 0.99, 0.99]]
+    # a: r0 = .95, .855, .4275; r1 = .6, .54; r2 = .99, .9801, .970299
+    # order: r2j1, r2j2, r2j3, r0j1, r0j2, r1j1, r1j2, r0j3
+    curve = {b: 100.0 - b for b in range(1, 20)}  # nearly flat: admit everything
+    assert schedule_verification_lengths(confidences, curve) == [3, 2, 3]
+    # A step after 3 + 5 = 8 tokens: the first 5 candidates (r2 ×3, r0 ×2) fit, r1 gets nothing.
+    cliff = {**{b: 100.0 for b in range(1, 9)}, **{b: 10.0 for b in range(9, 20)}}
+    assert schedule_verification_lengths(confidences, cliff) == [2, 0, 3]
+
+
+def test_ties_keep_position_order_then_request_order():
+    # Every a equals 0.5 -> 1.0 then stays: stable order is r0j1, r0j2, r1j1, r1j2 (all a = 1.0 ties).
+    curve = {1: 10.0, 2: 10.0, 3: 10.0, 4: 10.0, 5: 0.1, 6: 0.1}
+    assert schedule_verification_lengths([[1.0, 1.0], [1.0, 1.0]], curve) == [2, 0]
+
+
+def test_zero_survival_is_never_admitted_even_when_speed_rises():
+    rising = {1: 1.0, 2: 1.0, 3: 5.0, 4: 5.0}
+    assert schedule_verification_lengths([[0.0, 1.0]], rising) == [0]
+    # With a_1 > 0 the scheduler reaches size 2 (Θ = 1.5 > 1) and stops where a_2 = 0 (not a candidate).
+    assert schedule_verification_lengths([[0.5, 0.0, 1.0]], rising) == [1]
+
+
+def test_tensor_and_ragged_inputs():
+    table = torch.tensor([[0.9, 0.9, 0.1], [0.2, 0.9, 0.9]])
+    from_lists = schedule_verification_lengths(table.tolist(), SMOOTH)
+    assert schedule_verification_lengths(table, SMOOTH) == from_lists
+    assert schedule_verification_lengths([torch.tensor([0.9, 0.9]), [0.5]], SMOOTH) == [2, 1]
+    assert schedule_verification_lengths([[], [0.9]], SMOOTH) == [0, 1]
+    assert schedule_verification_lengths([], SMOOTH) == []
+
+
+def test_steps_per_second_lookup():
+    curve = StepsPerSecondCurve.from_table({"1": 10, "2": 4.0, "8": 3.0})  # JSON-style keys
+    assert [curve(b) for b in (1, 2, 3, 8, 9)] == [10.0, 4.0, 3.0, 3.0, None]
+    assert StepsPerSecondCurve.from_table([10.0, 4.0]) == StepsPerSecondCurve.from_table({1: 10.0, 2: 4.0})
+    # Above the profiled range nothing more is admitted, however confident.
+    assert schedule_verification_lengths([[1.0] * 5], {1: 1.0, 2: 1.9, 3: 2.8}) == [2]
+
+
+@pytest.mark.parametrize(
+    "confidences, table, message",
+    [
+        ([[1.2]], SMOOTH, "not a probability"),
+        ([[float("nan")]], SMOOTH, "not a probability"),
+        ([0.5, 0.5], SMOOTH, "one sequence per request"),
+        (torch.tensor([0.5, 0.5]), SMOOTH, "must be 2-D"),
+        ([[0.5]] * 3, {1: 1.0, 2: 0.5}, "up to 2 tokens"),
+        ([[0.5]], {0: 1.0}, "token counts >= 1"),
+        ([[0.5]], {1: -1.0}, "speeds > 0"),
+        ([[0.5]], {}, "empty"),
+        ([[0.5]], {"format": "dspark-hf-sps-profile"}, "load_steps_per_second"),
+    ],
+)
+def test_bad_inputs_name_the_problem(confidences, table, message):
+    with pytest.raises(ValueError, match=message):
+        schedule_verification_lengths(confidences, table)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Properties
+# ----------------------------------------------------------------------------------------------------------------------
+
+probabilities = st.floats(0.0, 1.0, allow_nan=False)
+confidence_tables = st.lists(st.lists(probabilities, min_size=0, max_size=7), min_size=1, max_size=4)
+speed_curves = st.lists(st.floats(0.05, 20.0, allow_nan=False), min_size=4, max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(confidence_tables, speed_curves)
+def test_schedule_is_a_valid_prefix_allocation_and_never_worse_than_decoding(confidences, speeds):
+    if len(confidences) > len(speeds):
+        return
+    lengths = schedule_verification_lengths(confidences, speeds)
+    assert all(0 <= length <= len(row) for length, row in zip(lengths, confidences))
+    survival = prefix_survival_probabilities(confidences)
+    assert all(survival[r][j - 1] > 0 for r, length in enumerate(lengths) for j in range(1, length + 1))
+    assert expected_throughput(confidences, lengths, speeds) >= expected_throughput(
+        confidences, [0] * len(lengths), speeds
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(confidence_tables, speed_curves, st.data())
+def test_admission_never_depends_on_later_confidences(confidences, speeds, data):
+    """Non-anticipation: {ℓ_r >= k} is unchanged when c_{r,k+1..} (computed from x_{r,k} onwards) change."""
+    if len(confidences) > len(speeds):
+        return
+    r = data.draw(st.integers(0, len(confidences) - 1))
+    k = data.draw(st.integers(1, len(confidences[r]) + 1))
+    future = data.draw(st.lists(probabilities, min_size=len(confidences[r][k:]), max_size=len(confidences[r][k:])))
+    changed = [list(row) for row in confidences]
+    changed[r][k:] = future
+    before = schedule_verification_lengths(confidences, speeds)[r] >= k
+    after = schedule_verification_lengths(changed, speeds)[r] >= k
+    assert before == after
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(probabilities, min_size=0, max_size=9), speed_curves)
+def test_hardware_aware_policy_equals_algorithm_1_for_one_request(confidences, speeds):
+    """The candidate generator asks slot by slot with c_1..c_k; it must end where Algorithm 1 (R = 1) ends."""
+    policy = HardwareAwarePolicy(speeds)
+    assert policy.verification_length(confidences) == schedule_verification_lengths([confidences], speeds)[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(confidence_tables, speed_curves, st.data())
+def test_production_variant(confidences, speeds, data):
+    if len(confidences) > len(speeds):
+        return
+    capacity = verification_capacity(confidences, speeds)
+    gains = sorted((a for row in prefix_survival_probabilities(confidences) for a in row if a > 0), reverse=True)
+    admissible = [k for k in range(len(gains) + 1) if len(confidences) + k <= len(speeds)]
+    thetas = [(len(confidences) + sum(gains[:k])) * speeds[len(confidences) + k - 1] for k in admissible]
+    assert thetas[admissible.index(capacity)] == max(thetas)  # global search, no early break
+    lengths = top_k_verification_lengths(confidences, capacity)
+    assert sum(lengths) == capacity
+    # Non-anticipating for a fixed capacity (K comes from stale confidences).
+    r = data.draw(st.integers(0, len(confidences) - 1))
+    k = data.draw(st.integers(1, len(confidences[r]) + 1))
+    changed = [list(row) for row in confidences]
+    changed[r][k:] = [data.draw(probabilities) for _ in confidences[r][k:]]
+    assert (top_k_verification_lengths(changed, capacity)[r] >= k) == (lengths[r] >= k)
+
+
+def test_production_variant_crosses_cliffs_that_stop_algorithm_1():
+    confidences = [[0.99] * 7]
+    assert schedule_verification_lengths(confidences, CPU_LIKE) == [0]
+    assert verification_capacity(confidences, CPU_LIKE) == 7
+    stale = [[0.2] * 7]  # stale confidences plan the capacity, current ones rank the drafts
+    assert schedule_verification_lengths_async(confidences, stale, CPU_LIKE) == [0]
+    # Two requests: the profile stops at 8 tokens, so K <= 6, and all six go to the confident request.
+    assert schedule_verification_lengths_async([[0.99] * 7, [0.1] * 7], confidences * 2, CPU_LIKE) == [6, 0]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Appendix A: exact speculative sampling with a scheduler in the loop
+# ----------------------------------------------------------------------------------------------------------------------
+
+A, B = 0, 1
+F = Fraction
+
+
+def _distribution(p_a):
+    return (F(p_a), 1 - F(p_a))
+
+
+def retrospective_global_search(confidences, speeds):
+    """What the paper warns against: the best of every length, looking at c_{k+1} before admitting x_k."""
+    thetas = []
+    for length in range(len(confidences) + 1):
+        survival = prefix_survival_probabilities([confidences[:length]])[0]
+        thetas.append((1 + sum(survival)) * speeds[length])
+    return max(range(len(thetas)), key=lambda length: (thetas[length], -length))
+
+
+def exact_output_distribution(schedule, c1, c2_after, p_t1, p_d1, p_t2, p_d2):
+    """Exact joint distribution of the first two output tokens of one speculative round (γ = 2) plus, when the round
+    commits a single token, an exact target step for the second (what any lossless next round produces).
+
+    Args:
+        schedule: ``(c_1, c_2) -> ℓ``; c_2 = c2_after[x_1] depends on the sampled first draft (Markov confidence).
+        p_t1, p_d1: target / draft distributions at position 1; p_t2[y], p_d2[y]: at position 2 after token y.
+    """
+    output = {(y1, y2): F(0) for y1 in (A, B) for y2 in (A, B)}
+
+    def residual(p_t, p_d):
+        mass = [max(t - d, F(0)) for t, d in zip(p_t, p_d)]
+        total = sum(mass)
+        return tuple(m / total for m in mass) if total > 0 else p_t
+
+    for x1, x2 in itertools.product((A, B), repeat=2):
+        p_drafts = p_d1[x1] * p_d2[x1][x2]
+        length = schedule(c1, c2_after[x1])
+        if length == 0:  # the target decodes y1 itself; the next round gives y2 ~ p_t2
+            for y1, y2 in output:
+                output[y1, y2] += p_drafts * p_t1[y1] * p_t2[y1][y2]
+            continue
+        accept1 = min(F(1), p_t1[x1] / p_d1[x1])
+        for y1 in (A, B):  # rejected at 1: y1 from the residual, then a fresh step
+            for y2 in (A, B):
+                output[y1, y2] += p_drafts * (1 - accept1) * residual(p_t1, p_d1)[y1] * p_t2[y1][y2]
+        if length == 1:  # accepted x1, bonus token from the target after it
+            for y2 in (A, B):
+                output[x1, y2] += p_drafts * accept1 * p_t2[x1][y2]
+            continue
+        accept2 = min(F(1), p_t2[x1][x2] / p_d2[x1][x2])
+        output[x1, x2] += p_drafts * accept1 * accept2
+        for y2 in (A, B):
+            output[x1, y2] += p_drafts * accept1 * (1 - accept2) * residual(p_t2[x1], p_d2[x1])[y2]
+    return output
+
+
+PAPER = dict(
+    c1=0.8, c2_after={A: 0.9, B: 0.0},
+    p_t1=_distribution("0.7"), p_d1=_distribution("0.5"),
+    p_t2={A: _distribution("0.6"), B: _distribution("0.1")}, p_d2={A: _distribution("0.2"), B: _distribution("0.9")},
+)
+PAPER_SPEEDS = [1.0, 0.5, 0.45]  # SPS(1), SPS(2), SPS(3)
+
+
+def _first_token(output):
+    return (output[A, A] + output[A, B], output[B, A] + output[B, B])
+
+
+def _target_joint(case):
+    return {(y1, y2): case["p_t1"][y1] * case["p_t2"][y1][y2] for y1 in (A, B) for y2 in (A, B)}
+
+
+def test_appendix_a_retrospective_search_is_biased():
+    schedule = lambda c1, c2: retrospective_global_search([c1, c2], PAPER_SPEEDS)  # noqa: E731
+    assert schedule(0.8, 0.9) == 2 and schedule(0.8, 0.0) == 0  # the two cases of the paper
+    assert _first_token(exact_output_distribution(schedule, **PAPER)) == (F("0.85"), F("0.15"))
+
+
+def test_appendix_a_algorithm_1_is_exact():
+    schedule = lambda c1, c2: schedule_verification_lengths([[c1, c2]], PAPER_SPEEDS)[0]  # noqa: E731
+    assert schedule(0.8, 0.9) == 0  # Θ_1 = 0.9 < Θ_0 = 1: stops before looking at c_2
+    output = exact_output_distribution(schedule, **PAPER)
+    assert _first_token(output) == (F("0.7"), F("0.3"))
+    assert output == _target_joint(PAPER)
+
+
+SCHEDULERS = {
+    "algorithm_1": lambda speeds: lambda c1, c2: schedule_verification_lengths([[c1, c2]], speeds)[0],
+    "hardware_aware_policy": lambda speeds: lambda c1, c2: HardwareAwarePolicy(speeds).verification_length([c1, c2]),
+    "threshold": lambda speeds: lambda c1, c2: ThresholdPolicy(0.5).verification_length([c1, c2]),
+    "threshold_cumulative": lambda speeds: lambda c1, c2: ThresholdPolicy(0.45, cumulative=True).verification_length(
+        [c1, c2]
+    ),
+    # Production variant: the capacity is fixed from stale confidences, before this round's drafts exist.
+    "top_k_fixed_capacity": lambda speeds: lambda c1, c2: top_k_verification_lengths([[c1, c2]], 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@pytest.mark.parametrize("speeds", [PAPER_SPEEDS, [1.0, 0.9, 0.85], [1.0, 0.6, 0.59]])
+@pytest.mark.parametrize("c2_after", [{A: 0.9, B: 0.0}, {A: 0.1, B: 0.95}, {A: 0.6, B: 0.4}])
+@pytest.mark.parametrize("c1", [0.3, 0.8, 1.0])
+def test_non_anticipating_schedulers_are_exact(name, speeds, c2_after, c1):
+    case = {**PAPER, "c1": c1, "c2_after": c2_after}
+    assert exact_output_distribution(SCHEDULERS[name](speeds), **case) == _target_joint(case)
+
+
+def test_the_simulator_detects_bias_on_other_settings_too():
+    """The retrospective search is biased beyond the paper's exact numbers (the simulator has power)."""
+    case = {**PAPER, "c2_after": {A: 0.1, B: 0.95}}
+    schedule = lambda c1, c2: retrospective_global_search([c1, c2], PAPER_SPEEDS)  # noqa: E731
+    assert exact_output_distribution(schedule, **case) != _target_joint(case)
