@@ -119,3 +119,44 @@ def test_batched_sampling_runs_and_respects_lengths():
     out = target.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=True, max_new_tokens=12,
                           pad_token_id=0, eos_token_id=None)
     assert out.shape == (2, ids.shape[1] + 12)
+
+
+@pytest.mark.parametrize("policy", ["threshold", "hardware_aware"])
+def test_batched_policies_stay_lossless(policy):
+    from dspark_hf.generation.policies import HardwareAwarePolicy, ThresholdPolicy
+
+    target = make_target("llama", seed=6)
+    drafter = make_drafter(target, block_size=4)
+    chosen = ThresholdPolicy(0.5) if policy == "threshold" else HardwareAwarePolicy({1: 10.0, 2: 9.0, 3: 8.5, 5: 8.0})
+    engine = DSparkBatchEngine(target, drafter, policy=chosen, pad_token_id=0)
+    prompts = [[5, 6, 7], [9, 10, 11, 12], [20], [30, 31]]
+    requests = [engine.add_request(p, 13) for p in prompts]
+    engine.run()
+    for prompt, request in zip(prompts, requests):
+        assert request.output_ids == solo(target, prompt, 13, eos_token_id=None)
+    verified = {r.verified for request in requests for r in request.stats.rounds}
+    assert len(verified) > 1 or verified != {drafter.config.block_size}  # the policy really cut drafts
+
+
+def test_plan_verification_width_reads_the_whole_curve():
+    from dspark_hf.generation.batched import plan_verification_width
+
+    cliff = {1: 10.0, 2: 4.0, 3: 3.8, 4: 3.6, 5: 3.5, 6: 3.4, 7: 3.3, 8: 3.2}.get
+    # A cliff after 1 token: Algorithm 1's early stop would never verify; the global search sees the gain at 8.
+    assert plan_verification_width([[0.99] * 7], cliff, 8) == 8
+    assert plan_verification_width([[0.5, 0.2] + [0.0] * 5], cliff, 8) == 1
+    # More rows amortize the cliff differently: a table for 4 rows.
+    flat = {1: 5.0, 2: 3.9, 3: 3.8, 4: 3.6}.get
+    assert plan_verification_width([[0.5, 0.2, 0.1]] * 4, flat, 4) == 3
+    assert plan_verification_width([[0.9] * 3], lambda w: None if w > 2 else 1.0, 4) == 2
+
+
+def test_bench_load_closed_loop_counts_every_request():
+    from dspark_hf.benchmarks.bench_load import run_level
+
+    target = make_target("llama", seed=2)
+    drafter = make_drafter(target, block_size=3)
+    for engine in (DSparkBatchEngine(target, None, pad_token_id=0), DSparkBatchEngine(target, drafter, pad_token_id=0)):
+        row = run_level(engine, [[5, 6, 7], [8, 9]], concurrency=3, num_requests=7, max_new_tokens=6)
+        assert row["requests"] == 7 and row["tokens"] == 7 * 6
+        assert row["throughput_tok_s"] > 0 and row["tau"] >= 1.0

@@ -13,7 +13,9 @@ same checkpoints in vLLM (`speculative_config={"method": "dspark", ...}`) or SGL
 
 from __future__ import annotations
 
+import bisect
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -22,8 +24,42 @@ from transformers.generation.utils import _speculative_sampling
 
 from ..modeling_dspark import DSparkDrafter
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
-from .policies import FullBlockPolicy, VerificationPolicy, get_policy
+from .policies import FullBlockPolicy, HardwareAwarePolicy, VerificationPolicy, get_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
+
+
+def plan_verification_width(
+    stale_confidences: list[list[float]], speed: Callable[[int], float | None], max_width: int
+) -> int:
+    """The production scheduler of spec 5.3 for a padded batch: the verification width (1 + drafts per row) that
+    maximizes ``(R + Σ_r Σ_{j < width} a_stale_rj) · speed(width)``, by global search over every width.
+
+    The search sees the whole jagged speed curve (a CPU's 2-3x cliff between 1 and 2 tokens defeats the early-stopping
+    Algorithm 1), and stays lossless because it reads only stale confidences (earlier rounds), never this round's
+    drafts. With padding, every row verifies up to the same width at no extra cost.
+    """
+    expected = float(len(stale_confidences))
+    survival = [1.0] * len(stale_confidences)
+    best_width, best = 1, expected * (speed(1) or 0.0)
+    for width in range(2, max_width + 1):
+        for row, values in enumerate(stale_confidences):
+            survival[row] *= values[width - 2] if width - 2 < len(values) else 0.0
+            expected += survival[row]
+        rate = speed(width)
+        if rate is not None and expected * rate > best:
+            best_width, best = width, expected * rate
+    return best_width
+
+
+def batch_speed_table(by_rows: Mapping[int, Mapping[int, float]], rows: int) -> Callable[[int], float | None]:
+    """`speed(tokens_per_row)` for `rows` rows from a profile's ``{rows: {tokens_per_row: steps/s}}`` tables, using
+    the smallest profiled row count >= `rows` (a conservative estimate); `None` past the profiled sizes."""
+    profiled = sorted(int(r) for r in by_rows)
+    index = bisect.bisect_left(profiled, rows)
+    if index == len(profiled):
+        return lambda width: None
+    table = {int(k): float(v) for k, v in by_rows[profiled[index]].items()}
+    return table.get
 
 
 @dataclass
@@ -36,6 +72,7 @@ class DSparkRequest:
     output_ids: list[int] = field(default_factory=list)
     finished: bool = False
     stats: DSparkGenerationStats | None = None
+    last_confidences: list[float] | None = None  # the previous round's c_1..c_B: stale information for planning
     arrival_time: float = 0.0
     finish_time: float | None = None
 
@@ -63,6 +100,9 @@ class DSparkBatchEngine:
         logits_processor ([`LogitsProcessorList`], *optional*): applied per row to target and draft logits alike.
         eos_token_id (`int` or `list[int]`, *optional*): ends a request.
         pad_token_id (`int`): filler for padding slots (never attended).
+        steps_per_second_by_rows (`Mapping[int, Mapping[int, float]]`, *optional*): a profile's per-batch-size
+            tables (`by_batch_size` of `dspark-hf profile`) for the hardware-aware policy; without it the policy's
+            batch-1 curve is read at the total token count of the padded forward.
 
     Example:
 
@@ -83,7 +123,9 @@ class DSparkBatchEngine:
         logits_processor: LogitsProcessorList | None = None,
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int = 0,
+        steps_per_second_by_rows: Mapping[int, Mapping[int, float]] | None = None,
     ):
+        self.steps_per_second_by_rows = steps_per_second_by_rows
         if drafter is not None:
             drafter.check_target(target)
             policy = policy if policy is not None else getattr(drafter, "verification_policy", None)
@@ -209,6 +251,9 @@ class DSparkBatchEngine:
         else:
             draft = self._draft(budgets)
             lengths = self._verification_lengths(draft.confidences, budgets)
+            for request, values in zip(self.active, draft.confidences):
+                if len(values) == self.drafter.config.block_size:
+                    request.last_confidences = values
         longest = max(lengths)
         verify_ids = self.anchor[:, None].clone()
         if longest:
@@ -270,11 +315,25 @@ class DSparkBatchEngine:
     def _verification_lengths(self, confidences: list[list[float]], budgets: list[int]) -> list[int]:
         if isinstance(self.policy, FullBlockPolicy) or not self.policy.requires_confidence:
             lengths = [self.drafter.config.block_size] * len(budgets)
-        elif getattr(self.policy, "schedules_batches", False):
-            lengths = self.policy.batch_lengths(confidences)
+        elif isinstance(self.policy, HardwareAwarePolicy):
+            stale = [r.last_confidences or self._prior_confidences() for r in self.active]
+            width = plan_verification_width(stale, self._speed(len(budgets)), self.drafter.config.block_size + 1)
+            lengths = [width - 1] * len(budgets)
         else:
             lengths = [self._sequential_length(row) for row in confidences]
         return [max(0, min(length, budget)) for length, budget in zip(lengths, budgets)]
+
+    def _speed(self, rows: int) -> Callable[[int], float | None]:
+        if self.steps_per_second_by_rows is not None:
+            return batch_speed_table(self.steps_per_second_by_rows, rows)
+        return lambda width: self.policy.steps_per_second(rows * width)
+
+    def _prior_confidences(self) -> list[float]:
+        """Per-slot mean of the latest confidences of rows that have drafted: the plan for a row's first round."""
+        seen = [r.last_confidences for r in self.active if r.last_confidences]
+        if not seen:
+            return [0.5] * self.drafter.config.block_size
+        return [sum(values) / len(values) for values in zip(*seen)]
 
     def _sequential_length(self, confidences: list[float]) -> int:
         length = 0

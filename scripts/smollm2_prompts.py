@@ -1,0 +1,88 @@
+"""Builds the prompt set for the embedded default drafter (SmolLM2-135M-Instruct), from text on every machine.
+
+- math: gsm8k lines 501+ of the shared eval file (lines 1-500 are held out for evaluation);
+- code: "write this function" requests made from docstrings of the Python standard library's own functions;
+- chat: "explain / summarize" requests over README and text files from /usr/share/doc.
+
+Responses are NOT here: `dspark-hf prepare-data` regenerates them with the target. Deterministic (fixed seed).
+
+    python scripts/smollm2_prompts.py --gsm8k ../shared/data/eval/gsm8k.jsonl --out data/smollm2_prompts.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import random
+import sysconfig
+from pathlib import Path
+
+
+def gsm8k_prompts(path: Path, first_line: int = 501) -> list[str]:
+    lines = path.read_text().splitlines()[first_line - 1:]
+    return [json.loads(line)["turns"][0] for line in lines if line.strip()]
+
+
+def code_prompts(limit: int, rng: random.Random) -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    prompts = []
+    for path in sorted(stdlib.glob("*.py")):
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                doc = ast.get_docstring(node)
+                if doc and 40 <= len(doc) <= 600:
+                    args = ", ".join(a.arg for a in node.args.args if a.arg != "self")
+                    prompts.append(f"Write a Python function `{node.name}({args})`.\n\n{doc.strip()}")
+    rng.shuffle(prompts)
+    return prompts[:limit]
+
+
+def chat_prompts(limit: int, rng: random.Random) -> list[str]:
+    files = sorted(p for p in Path("/usr/share/doc").rglob("*")
+                   if p.is_file() and p.suffix in ("", ".txt", ".md") and p.name.upper().startswith(("README", "NEWS"))
+                   and p.stat().st_size < 200_000)
+    chunks = []
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        paragraphs = [p.strip() for p in text.split("\n\n") if 200 <= len(p.strip()) <= 1200]
+        chunks += paragraphs[:3]
+    rng.shuffle(chunks)
+    asks = ["Explain this in simple terms:", "Summarize the following text:", "What is this about? Answer briefly.",
+            "Rewrite this as a short list of key points:"]
+    return [f"{rng.choice(asks)}\n\n{chunk}" for chunk in chunks[:limit]]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gsm8k", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--num-math", type=int, default=600)
+    parser.add_argument("--num-code", type=int, default=500)
+    parser.add_argument("--num-chat", type=int, default=250)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    sets = {
+        "math": gsm8k_prompts(args.gsm8k)[: args.num_math],
+        "code": code_prompts(args.num_code, rng),
+        "chat": chat_prompts(args.num_chat, rng),
+    }
+    rows = [{"turns": [p], "category": name} for name, prompts in sets.items() for p in prompts]
+    rng.shuffle(rows)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    print({name: len(p) for name, p in sets.items()}, "->", args.out)
+
+
+if __name__ == "__main__":
+    main()

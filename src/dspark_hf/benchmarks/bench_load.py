@@ -1,0 +1,151 @@
+"""`dspark-hf bench-load`: throughput and per-request speed under concurrent load.
+
+At each concurrency level c, a closed loop keeps c requests in flight in a [`DSparkBatchEngine`] (a finished request
+is replaced by the next prompt at the following round) until `--requests` have finished. Methods run interleaved per
+level: target-only batched decoding, then DSpark with each verification policy. Reports total tokens/s, mean
+per-request tokens/s and tau; writes JSON, a markdown table and a throughput / per-user-speed frontier plot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from ..generation.batched import DSparkBatchEngine
+from ..generation.policies import get_policy
+from ..modeling_dspark import DSparkDrafter
+from ..models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, load_target
+from .bench import machine_info, version_info
+from .prompts import load_prompts, render_conversation
+
+
+def _parse_args(argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="dspark-hf bench-load", description=__doc__)
+    parser.add_argument("--target", default=DEFAULT_TARGET)
+    parser.add_argument("--drafter", default=None, help="drafter path (default: the embedded one)")
+    parser.add_argument("--prompts", nargs="+", required=True, help="jsonl prompt files ({'turns': [...]})")
+    parser.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated levels")
+    parser.add_argument("--requests", type=int, default=None, help="requests finished per level (default: 2 × c, >= 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--methods", default="target,full,threshold,hardware_aware")
+    parser.add_argument("--threshold", type=float, default=0.5)
+    parser.add_argument("--sps", default=None, help="profile from `dspark-hf profile` (default: drafter folder's)")
+    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: int, num_requests: int,
+              max_new_tokens: int) -> dict:
+    """Runs one closed loop; returns throughput, per-request speeds and tau."""
+    queue = iter(prompts * (num_requests // max(len(prompts), 1) + 1))
+    started = 0
+    start = time.perf_counter()
+    while started < min(concurrency, num_requests):
+        engine.add_request(next(queue), max_new_tokens)
+        started += 1
+    finished = []
+    while engine.active or engine.waiting:
+        done = engine.step()
+        finished += done
+        for _ in done:
+            if started < num_requests:
+                engine.add_request(next(queue), max_new_tokens)
+                started += 1
+    elapsed = time.perf_counter() - start
+    tokens = sum(len(r.output_ids) for r in finished)
+    per_request = [len(r.output_ids) / (r.finish_time - r.arrival_time) for r in finished]
+    rounds = [rnd for r in finished for rnd in (r.stats.rounds if r.stats else [])]
+    return {
+        "concurrency": concurrency,
+        "requests": len(finished),
+        "tokens": tokens,
+        "seconds": elapsed,
+        "throughput_tok_s": tokens / elapsed,
+        "per_request_tok_s": sum(per_request) / len(per_request),
+        "tau": (sum(r.accepted for r in rounds) + len(rounds)) / len(rounds) if rounds else 1.0,
+        "mean_verified": sum(r.verified for r in rounds) / len(rounds) if rounds else 0.0,
+    }
+
+
+def _engines(args, target, drafter, pad_token_id, eos_token_id):
+    sps_path = args.sps or (Path(args.drafter or EMBEDDED_DRAFTERS.get(args.target, "")) / "dspark_sps_profile.json")
+    by_rows = None
+    if Path(sps_path).is_file():
+        profile = json.loads(Path(sps_path).read_text())
+        by_rows = {int(k): v for k, v in profile.get("by_batch_size", {}).items()} or None
+    for name in args.methods.split(","):
+        if name == "target":
+            yield name, lambda: DSparkBatchEngine(target, None, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+            continue
+        if name == "hardware_aware":
+            if not Path(sps_path).is_file():
+                print(f"[bench-load] skipping hardware_aware: no profile at {sps_path} (run `dspark-hf profile`)")
+                continue
+            policy = get_policy(name, steps_per_second=str(sps_path))
+        elif name == "threshold":
+            policy = get_policy(name, threshold=args.threshold)
+        else:
+            policy = get_policy(name)
+        yield name, (lambda p=policy: DSparkBatchEngine(target, drafter, policy=p, eos_token_id=eos_token_id,
+                                                        pad_token_id=pad_token_id, steps_per_second_by_rows=by_rows))
+
+
+def _plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method in dict.fromkeys(r["method"] for r in results):
+        rows = sorted((r for r in results if r["method"] == method), key=lambda r: r["concurrency"])
+        left.plot([r["concurrency"] for r in rows], [r["throughput_tok_s"] for r in rows], marker="o", label=method)
+        right.plot([r["per_request_tok_s"] for r in rows], [r["throughput_tok_s"] for r in rows], marker="o",
+                   label=method)
+    left.set(xscale="log", xlabel="concurrent requests", ylabel="total tokens/s", title="Throughput under load")
+    right.set(xlabel="per-request tokens/s", ylabel="total tokens/s", title="Throughput / per-user speed frontier")
+    left.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = _parse_args(argv)
+    torch.manual_seed(args.seed)
+    target, tokenizer = load_target(args.target)
+    path = args.drafter or EMBEDDED_DRAFTERS.get(args.target)
+    drafter = DSparkDrafter.from_pretrained(path).eval()
+    prompts = [render_conversation(tokenizer, p.turns[:1], []) for p in load_prompts(args.prompts)]
+    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    engines = list(_engines(args, target, drafter, pad, tokenizer.eos_token_id))
+    levels = [int(c) for c in args.concurrency.split(",")]
+    results = []
+    for level in tqdm(levels, desc="bench-load"):
+        num_requests = args.requests or max(2 * level, 8)
+        for name, make_engine in engines:  # interleaved per level, so drift hits every method alike
+            row = run_level(make_engine(), prompts, level, num_requests, args.max_new_tokens)
+            results.append({"method": name, **row})
+            tqdm.write(f"c={level:>3} {name:>15}: {row['throughput_tok_s']:7.2f} tok/s total, "
+                       f"{row['per_request_tok_s']:6.2f} tok/s per request, tau {row['tau']:.2f}")
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    document = {"command": " ".join(["dspark-hf", "bench-load", *(argv if argv is not None else sys.argv[2:])]),
+                "machine": machine_info(), "versions": version_info(), "settings": vars(args), "results": results}
+    (out / "bench_load.json").write_text(json.dumps(document, indent=2) + "\n")
+    lines = ["| concurrency | method | total tok/s | per-request tok/s | tau | mean verified |", "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['concurrency']} | {r['method']} | {r['throughput_tok_s']:.2f} | "
+                     f"{r['per_request_tok_s']:.2f} | {r['tau']:.2f} | {r['mean_verified']:.2f} |")
+    (out / "bench_load.md").write_text("\n".join(lines) + "\n")
+    _plot(results, out / "bench_load.png")
+    print("\n".join(lines))
+    return 0
