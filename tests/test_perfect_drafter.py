@@ -55,3 +55,30 @@ def test_lookup_table_target_is_what_it_claims():
     target = lookup_table_target()
     out = target.generate(torch.tensor([[30]]), do_sample=False, max_new_tokens=4, pad_token_id=0)
     assert out[0].tolist() == [30, 31, 0, 1, 2]
+
+
+CLIFF = {1: 10.0, 2: 4.0, 3: 3.9, 4: 3.8, 5: 3.6, 6: 3.5, 7: 3.4, 8: 3.3}  # verifying 2+ tokens: a 2.5x cliff
+
+
+@pytest.mark.parametrize("mode", ["planned", "algorithm1"])
+def test_hardware_aware_planning_gets_past_a_speed_cliff(mode):
+    from dspark_hf import HardwareAwarePolicy
+
+    target = lookup_table_target()
+    drafter = perfect_drafter(target, block_size=7)
+    with torch.no_grad():
+        drafter.confidence_head.proj.bias.fill_(12.0)  # a drafter that knows it is right: c_k ≈ 1
+        drafter.confidence_head.proj.weight.zero_()
+    drafter.verification_policy = HardwareAwarePolicy(CLIFF, mode=mode)
+    prompt = torch.tensor([[3, 4, 5]])
+    out = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=1 + 1 + 3 * 8,
+                          pad_token_id=0)
+    assert out[0].tolist() == [(3 + i) % VOCAB for i in range(out.shape[1])]
+    verified = [r.verified for r in drafter.generation_stats.rounds]
+    if mode == "algorithm1":
+        # (1 + 1) * SPS(2) = 8 < SPS(1) = 10: the early stop never verifies a draft, whatever the confidence
+        assert set(verified) == {0}
+    else:
+        # round 1 has nothing observed and falls back to Algorithm 1; then (1 + 7) * SPS(8) = 26.4 wins
+        assert verified[0] == 0 and verified[1:4] == [7, 7, 7]
+        assert drafter.generation_stats.accept_lengths[1:4] == [7, 7, 7]

@@ -15,8 +15,17 @@ from .generation import (
     HardwareAwarePolicy,
     ThresholdPolicy,
     VerificationPolicy,
+    get_policy,
 )
+from .generation.batched import DSparkBatchEngine, DSparkRequest
 from .modeling_dspark import DSparkDrafter
+from .scheduling import (
+    StepsPerSecondCurve,
+    schedule_verification_lengths,
+    schedule_verification_lengths_async,
+    top_k_verification_lengths,
+    verification_capacity,
+)
 
 
 __version__ = "0.1.0"
@@ -35,4 +44,31 @@ __all__ = [
     "FullBlockPolicy",
     "ThresholdPolicy",
     "HardwareAwarePolicy",
+    "get_policy",
+    "DSparkBatchEngine",
+    "DSparkRequest",
+    "StepsPerSecondCurve",
+    "schedule_verification_lengths",
+    "schedule_verification_lengths_async",
+    "top_k_verification_lengths",
+    "verification_capacity",
 ]
+
+
+def __getattr__(name):
+    # Heavier, optional parts load on first use so `import dspark_hf` stays fast.
+    lazy = {
+        "fit_sequential_temperatures": "calibration",
+        "expected_calibration_error": "calibration",
+        "auroc": "calibration",
+        "brier": "calibration",
+        "load_steps_per_second": "profiling",
+        "DSparkTrainer": "training",
+        "DSparkTrainingArguments": "training",
+        "DSparkDataCollator": "training",
+    }
+    if name in lazy:
+        import importlib
+
+        return getattr(importlib.import_module(f".{lazy[name]}", __name__), name)
+    raise AttributeError(f"module 'dspark_hf' has no attribute {name!r}")

@@ -270,8 +270,9 @@ class DSparkBatchEngine:
             committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits, draft)
             accepted.append(num_accepted)
             if draft is not None:
-                request.stats.rounds.append(DSparkRoundStats(draft.confidences[row][: lengths[row] + 1],
-                                                             lengths[row], num_accepted))
+                request.stats.rounds.append(DSparkRoundStats(
+                    draft.confidences[row][: lengths[row] + 1], lengths[row], num_accepted,
+                    draft_ids=draft.ids[row, : lengths[row]].tolist()))
         self._advance(accepted, longest, features, positions)
         return self._commit_and_retire(committed)
 

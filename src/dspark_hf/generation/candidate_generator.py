@@ -66,6 +66,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.cache = DynamicCache(config=self.config)
         self.context_length = 0  # target positions whose context K/V are in `self.cache`
         self.mask_ids = torch.full((1, self.config.block_size - 1), self.config.mask_token_id, dtype=torch.long)
+        self.policy.reset()
         self.stats = DSparkGenerationStats(block_size=self.config.block_size)
         self._pending_round: DSparkRoundStats | None = None
         drafter.generation_stats = self.stats
@@ -86,7 +87,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         hidden_states, logits = self._run_drafter(input_ids, model_outputs)
         max_drafts = min(self.config.block_size, self.max_length - input_ids.shape[1] - 1)
         draft_ids, draft_logits, confidences, raw = self._sample_drafts(input_ids, hidden_states, logits, max_drafts)
-        self._pending_round = DSparkRoundStats(confidences=confidences, verified=len(draft_ids), confidence_logits=raw)
+        self._pending_round = DSparkRoundStats(confidences=confidences, verified=len(draft_ids), confidence_logits=raw,
+                                               draft_ids=draft_ids)
         if not draft_ids:
             return input_ids, None
         candidates = torch.tensor([draft_ids], dtype=input_ids.dtype, device=input_ids.device)
@@ -147,19 +149,22 @@ class DSparkCandidateGenerator(CandidateGenerator):
         """Samples drafts left to right: ``z_k = U_k + bias(x_{k-1})``, processors, then argmax or a sample.
 
         Before sampling slot k, the confidence c_k (which reads x_{k-1} only) is computed and the policy decides
-        whether slot k is drafted at all; the first "no" ends the block.
+        whether slot k is drafted at all; the first "no" ends the block. A policy that plans from earlier rounds
+        (`observes_rounds`) gets all `block_size` confidences afterwards: the slots past the cut are still sampled to
+        compute them, but never verified.
         """
-        drafter = self.drafter
-        previous = input_ids[0, -1].to(hidden_states.device)
-        sequence = input_ids
-        state = None
+        drafter, policy = self.drafter, self.policy
+        num_slots = self.config.block_size if policy.observes_rounds else max_drafts
+        previous, sequence, state = input_ids[0, -1].to(hidden_states.device), input_ids, None
         draft_ids, draft_logits, confidences, raw_logits = [], [], [], []
-        for slot in range(max_drafts):
+        drafting = max_drafts > 0
+        for slot in range(num_slots):
             raw_confidence = drafter.confidence_logits(hidden_states[slot], previous)
             if raw_confidence is not None:
                 raw_logits.append(float(raw_confidence))
                 confidences.append(float(drafter.calibrated_confidence(raw_confidence, slot)))
-            if not self.policy.should_verify(slot + 1, confidences):
+            drafting = drafting and slot < max_drafts and policy.should_verify(slot + 1, confidences)
+            if not drafting and not policy.observes_rounds:
                 break
             corrected = logits[slot]
             if drafter.markov_head is not None:
@@ -170,10 +175,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 token = torch.multinomial(corrected.softmax(dim=-1), num_samples=1)
             else:
                 token = corrected.argmax(dim=-1, keepdim=True)
-            draft_ids.append(int(token))
-            draft_logits.append(corrected)
+            if drafting:
+                draft_ids.append(int(token))
+                draft_logits.append(corrected)
             sequence = torch.cat([sequence, token.to(sequence.dtype)], dim=-1)
             previous = token[0, 0].to(hidden_states.device)
+        if policy.observes_rounds and len(confidences) == self.config.block_size:
+            policy.observe(confidences)
         return draft_ids, draft_logits, confidences, raw_logits
 
 

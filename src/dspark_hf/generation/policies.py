@@ -25,7 +25,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..scheduling import StepsPerSecondCurve, schedule_verification_lengths
+from ..scheduling import StepsPerSecondCurve, schedule_verification_lengths, verification_capacity
 
 
 class VerificationPolicy:
@@ -33,6 +33,15 @@ class VerificationPolicy:
 
     name: str = "base"
     requires_confidence: bool = False
+    # Policies that plan from earlier rounds set this: the candidate generator then computes all block_size
+    # confidences every round (sampling the unverified slots too) and passes them to `observe`.
+    observes_rounds: bool = False
+
+    def reset(self) -> None:
+        """Forgets what earlier rounds taught (called when a generation starts)."""
+
+    def observe(self, confidences: Sequence[float]) -> None:
+        """Receives a finished round's confidences c_1..c_B (after its verification length was fixed)."""
 
     def should_verify(self, position: int, confidences: Sequence[float]) -> bool:
         """Whether to draft and verify slot `position` (1-based).
@@ -91,11 +100,16 @@ class ThresholdPolicy(VerificationPolicy):
 
 
 class HardwareAwarePolicy(VerificationPolicy):
-    """Algorithm 1 of the paper for one request: extend the verified prefix while the expected tokens per second,
-    ``(1 + Σ_{j<=k} a_j) · SPS(1 + k)``, strictly improves, and stop at the first slot that does not improve it.
+    """Verification lengths that maximize expected tokens per second on the profiled hardware.
 
-    `should_verify(k, c_1..c_k)` is `schedule_verification_lengths([c_1..c_k], SPS)[0] >= k`; because Algorithm 1
-    stops early, slot-by-slot asking gives exactly ``schedule_verification_lengths([c_1..c_B], SPS)[0]``.
+    - ``mode="algorithm1"``: the paper's Algorithm 1 for one request: extend the verified prefix while
+      ``(1 + Σ_{j<=k} a_j) · SPS(1 + k)`` strictly improves, stop at the first slot that does not.
+      `should_verify(k, c_1..c_k)` is `schedule_verification_lengths([c_1..c_k], SPS)[0] >= k`. On a curve with a
+      cliff (verifying 2 tokens at under half the speed of 1, as on small CPUs) the early stop never gets past it.
+    - ``mode="planned"`` (default): spec 5.3's production scheduler at one request: the length is the capacity K that
+      a global search over the whole curve picks from the previous round's confidences (`verification_capacity`),
+      so cliffs do not trap it; being planned from stale information, it is non-anticipating. The first round of a
+      generation, with nothing observed yet, uses Algorithm 1.
 
     Args:
         steps_per_second (`Mapping[int, float]`, `Sequence[float]`, [`StepsPerSecondCurve`], or a path): the target's
@@ -109,13 +123,32 @@ class HardwareAwarePolicy(VerificationPolicy):
     requires_confidence = True
 
     def __init__(
-        self, steps_per_second: Mapping[int, float] | Sequence[float] | StepsPerSecondCurve | str | os.PathLike
+        self,
+        steps_per_second: Mapping[int, float] | Sequence[float] | StepsPerSecondCurve | str | os.PathLike,
+        mode: str = "planned",
     ):
         if isinstance(steps_per_second, (str, os.PathLike)):
             from ..profiling import load_steps_per_second  # lazy: profiling imports model loading
 
             steps_per_second = load_steps_per_second(steps_per_second)
+        if mode not in ("planned", "algorithm1"):
+            raise ValueError(f"mode must be 'planned' or 'algorithm1', got {mode!r}.")
         self.steps_per_second = StepsPerSecondCurve.from_table(steps_per_second)
+        self.mode = mode
+        self._planned_length: int | None = None
+
+    @property
+    def observes_rounds(self) -> bool:
+        return self.mode == "planned"
+
+    def reset(self) -> None:
+        self._planned_length = None
+
+    def observe(self, confidences: Sequence[float]) -> None:
+        # Spec 5.3: the length is planned by a global search over the whole (jagged) curve, from confidences that
+        # are stale by the time they are used, so it cannot depend on the drafts it will verify.
+        if self.mode == "planned":
+            self._planned_length = verification_capacity([list(confidences)], self.steps_per_second)
 
     @classmethod
     def from_profile(cls, path: str | os.PathLike) -> "HardwareAwarePolicy":
@@ -123,11 +156,14 @@ class HardwareAwarePolicy(VerificationPolicy):
         return cls(Path(path))
 
     def should_verify(self, position: int, confidences: Sequence[float]) -> bool:
+        if self.mode == "planned" and self._planned_length is not None:
+            return position <= self._planned_length
+        # Algorithm 1 on this round's confidences (also the planned mode's first round, before any observation)
         return schedule_verification_lengths([confidences[:position]], self.steps_per_second)[0] >= position
 
     def __repr__(self) -> str:
         table = dict(zip(self.steps_per_second.sizes, self.steps_per_second.speeds))
-        return f"HardwareAwarePolicy(steps_per_second={table})"
+        return f"HardwareAwarePolicy(steps_per_second={table}, mode={self.mode!r})"
 
 
 POLICIES = {cls.name: cls for cls in (FullBlockPolicy, ThresholdPolicy, HardwareAwarePolicy)}

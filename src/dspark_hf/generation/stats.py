@@ -14,12 +14,15 @@ class DSparkRoundStats:
         verified: drafts sent to the target (the policy's length ℓ).
         accepted: drafts the target accepted (0..verified); the round commits `accepted + 1` tokens.
         confidence_logits: raw (uncalibrated) confidence logits z_k matching `confidences` (for calibration).
+        draft_ids: the verified drafts (tells an accepted EOS, which transformers counts as not accepted, from a
+            rejection).
     """
 
     confidences: list[float]
     verified: int
     accepted: int = 0
     confidence_logits: list[float] = field(default_factory=list)
+    draft_ids: list[int] = field(default_factory=list)
 
 
 @dataclass
