@@ -1,0 +1,440 @@
+"""DSpark speculative decoding as a `transformers` custom generation method, with no dependency on dspark-hf.
+
+The repository that holds this file also holds the DSpark drafter (``config.json`` + safetensors, official DeepSpec
+layout). Run the drafter's target with it:
+
+    out = target.generate(**inputs, custom_generate="<this repo>", trust_remote_code=True, max_new_tokens=256)
+
+Each round the drafter proposes up to ``block_size`` tokens in one forward pass (anchor + mask tokens attending to the
+target's hidden states), left to right through its Markov head; the target verifies them in one forward pass. The
+output follows the target's distribution exactly: greedy decoding returns the same tokens as ``target.generate``,
+sampling uses speculative rejection sampling. Batch size 1; greedy or sampling with temperature / top-k / top-p.
+
+Extra arguments: ``dspark_drafter`` (a local folder or Hub id to use instead of this repository's drafter) and
+``dspark_confidence_threshold`` (stop a block at the first draft whose confidence is below it; 0 drafts full blocks).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+
+import torch
+from safetensors.torch import load_file
+from transformers import (
+    AutoConfig,
+    DynamicCache,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.activations import ACT2FN
+
+
+# Written by dspark_hf.hub when the drafter is pushed: the Hub id (or folder) holding the drafter weights.
+DRAFTER = "__DSPARK_DRAFTER__"
+
+# generate() arguments this recipe cannot honour; each must be left unset.
+_UNSUPPORTED_ARGUMENTS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "assistant_model",
+                          "streamer", "negative_prompt_ids", "negative_prompt_attention_mask")  # fmt: skip
+# Generation options whose non-neutral values would change the output distribution; the neutral values are listed.
+_NEUTRAL_OPTIONS = {"num_beams": (1, None), "num_return_sequences": (1, None), "repetition_penalty": (1.0, None),
+                    "no_repeat_ngram_size": (0, None), "bad_words_ids": (None,), "min_new_tokens": (0, None),
+                    "min_length": (0, None), "typical_p": (1.0, None), "min_p": (0.0, None),
+                    "epsilon_cutoff": (0.0, None), "eta_cutoff": (0.0, None), "suppress_tokens": (None,),
+                    "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
+                    "sequence_bias": (None,), "exponential_decay_length_penalty": (None,), "stop_strings": (None,),
+                    "guidance_scale": (None, 1.0), "watermarking_config": (None,), "renormalize_logits": (False, None),
+                    "return_dict_in_generate": (False, None), "output_scores": (False, None),
+                    "output_logits": (False, None)}  # fmt: skip
+_LOADED: dict[tuple, DSparkStandaloneDrafter] = {}
+
+
+def generate(model, input_ids=None, attention_mask=None, generation_config=None, dspark_drafter=None,
+             dspark_confidence_threshold=0.0, **kwargs):  # fmt: skip
+    """Speculative decoding of `model` (the target) with this repository's DSpark drafter.
+
+    Args:
+        model: the target, a `transformers` causal LM the drafter was trained for.
+        input_ids (`torch.LongTensor` of shape `(1, seq)`): the prompt (no padding).
+        generation_config / kwargs: as for `model.generate` (`max_new_tokens`, `do_sample`, `temperature`, ...).
+        dspark_drafter (`str`, *optional*): folder or Hub id of the drafter; defaults to this repository.
+        dspark_confidence_threshold (`float`, *optional*): per-slot confidence cut-off (0 = always full blocks).
+
+    Returns:
+        `torch.LongTensor` of shape `(1, seq + new)`: prompt and generated tokens, like `model.generate`.
+    """
+    input_ids = input_ids if input_ids is not None else kwargs.pop("inputs", None)
+    _check_prompt(input_ids, attention_mask)
+    config = _generation_config(model, generation_config, kwargs)
+    drafter = load_drafter(dspark_drafter or DRAFTER, model)
+    return speculative_generate(model, drafter, input_ids, config, dspark_confidence_threshold)
+
+
+def _check_prompt(input_ids, attention_mask) -> None:
+    if input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        shape = None if input_ids is None else tuple(input_ids.shape)
+        raise ValueError(f"DSpark custom_generate decodes one prompt at a time: input_ids (1, seq), got {shape}.")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("The attention_mask has padding; pass the prompt without padding (batch size 1).")
+
+
+def _generation_config(model, generation_config, kwargs):
+    """The call's generation config, resolved as `model.generate` resolves it; refuses options it cannot honour."""
+    used = [name for name in _UNSUPPORTED_ARGUMENTS if kwargs.pop(name, None) is not None]
+    for name in ("synced_gpus", "use_model_defaults", "custom_generate", "use_cache"):
+        kwargs.pop(name, None)
+    # The same precedence as generate(): call kwargs > generation_config > model.generation_config > global defaults.
+    config, unknown = model._prepare_generation_config(generation_config, **kwargs)
+    used += [name for name, neutral in _NEUTRAL_OPTIONS.items() if getattr(config, name, None) not in neutral]
+    if used or unknown:
+        raise ValueError(
+            f"The DSpark custom_generate recipe does not support {sorted(used + list(unknown))}. It implements greedy "
+            "and sampled decoding with temperature / top_k / top_p, batch size 1. Install dspark-hf for the full "
+            "generate() integration (`target.generate(..., assistant_model=drafter)`)."
+        )
+    return config
+
+
+def _warpers(config) -> LogitsProcessorList:
+    """The sampling transforms applied identically to target and draft logits (empty for greedy decoding)."""
+    warpers = LogitsProcessorList()
+    if not config.do_sample:
+        return warpers
+    if config.temperature is not None and config.temperature != 1.0:
+        warpers.append(TemperatureLogitsWarper(config.temperature))
+    if config.top_k:
+        warpers.append(TopKLogitsWarper(config.top_k))
+    if config.top_p is not None and config.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(config.top_p))
+    return warpers
+
+
+# --- the drafter -----------------------------------------------------------------------------------------------------
+
+
+def _rms_norm(states, weight, eps, gemma: bool):
+    """RMSNorm as each family computes it (Qwen3 scales after casting back, Gemma4 in fp32; no weight = no scale)."""
+    normed = states.float() * torch.rsqrt(states.float().pow(2).mean(-1, keepdim=True) + eps)
+    if weight is None:
+        return normed.to(states.dtype)
+    if gemma:
+        return (normed * weight.float()).to(states.dtype)
+    return weight * normed.to(states.dtype)
+
+
+def _rotate(states, cos, sin):
+    """Rotate-half RoPE on `(heads, seq, head_dim)` states with `(seq, head_dim)` cos/sin."""
+    half = states.shape[-1] // 2
+    rotated = torch.cat([-states[..., half:], states[..., :half]], dim=-1)
+    return states * cos + rotated * sin
+
+
+class DSparkStandaloneDrafter:
+    """A DSpark drafter (``Qwen3DSparkModel`` or ``Gemma4DSparkModel``) run from its raw tensors.
+
+    Keeps the post-RoPE context keys/values of every committed position; each `propose` call projects only the
+    newly committed target features, then drafts one block.
+    """
+
+    def __init__(self, folder: str, device, dtype):
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
+            self.config = json.load(handle)
+        self.gemma = (self.config.get("architectures") or [""])[0] == "Gemma4DSparkModel"
+        self.weights = {k: v.to(device=device, dtype=dtype) for k, v in _load_tensors(folder).items()}
+        self.rotary = _rotary_embedding(folder, self.gemma).to(device)
+        config = self.config
+        self.eps = config["rms_norm_eps"]
+        self.num_layers = config["num_hidden_layers"]
+        self.block_size = config["block_size"]
+        k_eq_v = self.gemma and config.get("attention_k_eq_v", False)
+        self.num_heads = config["num_attention_heads"]
+        self.num_kv_heads = config["num_global_key_value_heads"] if k_eq_v else config["num_key_value_heads"]
+        self.head_dim = config["global_head_dim"] if self.gemma else config["head_dim"]
+        self.scaling = 1.0 if self.gemma else self.head_dim**-0.5
+        self.act = ACT2FN[config.get("hidden_activation") or config.get("hidden_act")]
+        self.context = [[None, None] for _ in range(self.num_layers)]
+        self.context_length = 0
+
+    def w(self, name):
+        return self.weights.get(name)
+
+    def _linear(self, states, name):
+        return torch.nn.functional.linear(states, self.weights[name + ".weight"], self.w(name + ".bias"))
+
+    def _norm(self, states, name):
+        return _rms_norm(states, self.w(name + ".weight") if name else None, self.eps, self.gemma)
+
+    def _positions(self, states, positions):
+        if self.gemma:
+            return self.rotary(states[None], positions[None], "full_attention")
+        return self.rotary(states[None], positions[None])
+
+    def _key_values(self, layer, states, cos, sin):
+        """`(seq, hidden)` states -> rotated keys and values `(kv_heads, seq, head_dim)`."""
+        prefix = f"layers.{layer}.self_attn."
+        raw_keys = self._linear(states, prefix + "k_proj").view(states.shape[0], -1, self.head_dim)
+        has_v_proj = prefix + "v_proj.weight" in self.weights
+        raw_values = self._linear(states, prefix + "v_proj").view_as(raw_keys) if has_v_proj else raw_keys
+        keys = self._norm(raw_keys, prefix + "k_norm").transpose(0, 1)
+        values = raw_values.transpose(0, 1)
+        if self.gemma:
+            values = self._norm(values, None)
+        return _rotate(keys, cos, sin), values
+
+    def extend_context(self, features, first_position):
+        """Appends the K/V of `(n, m * hidden)` target features at positions `first_position...` to every layer."""
+        if features.shape[0] == 0:
+            return
+        context = self._norm(self._linear(features.to(self.weights["fc.weight"].dtype), "fc"), "hidden_norm")
+        positions = torch.arange(first_position, first_position + features.shape[0], device=features.device)
+        cos, sin = (t[0] for t in self._positions(context, positions))
+        for layer, cached in enumerate(self.context):
+            keys, values = self._key_values(layer, context, cos, sin)
+            cached[0] = keys if cached[0] is None else torch.cat([cached[0], keys], dim=1)
+            cached[1] = values if cached[1] is None else torch.cat([cached[1], values], dim=1)
+        self.context_length = first_position + features.shape[0]
+
+    def _attention(self, layer, states, cos, sin):
+        prefix = f"layers.{layer}.self_attn."
+        queries = self._linear(states, prefix + "q_proj").view(states.shape[0], -1, self.head_dim)
+        queries = _rotate(self._norm(queries, prefix + "q_norm").transpose(0, 1), cos, sin)
+        keys, values = self._key_values(layer, states, cos, sin)
+        cached_keys, cached_values = self.context[layer]
+        if cached_keys is not None:
+            keys, values = torch.cat([cached_keys, keys], dim=1), torch.cat([cached_values, values], dim=1)
+        groups = self.num_heads // self.num_kv_heads
+        keys, values = keys.repeat_interleave(groups, dim=0), values.repeat_interleave(groups, dim=0)
+        # Not causal: every block slot sees the whole committed context and every other slot.
+        output = torch.nn.functional.scaled_dot_product_attention(queries, keys, values, scale=self.scaling)
+        return self._linear(output.transpose(0, 1).reshape(states.shape[0], -1), prefix + "o_proj")
+
+    def _layer(self, layer, states, cos, sin):
+        prefix = f"layers.{layer}."
+        attended = self._attention(layer, self._norm(states, prefix + "input_layernorm"), cos, sin)
+        if not self.gemma:
+            states = states + attended
+            return states + self._mlp(layer, self._norm(states, prefix + "post_attention_layernorm"))
+        states = states + self._norm(attended, prefix + "post_attention_layernorm")
+        mlp = self._mlp(layer, self._norm(states, prefix + "pre_feedforward_layernorm"))
+        states = states + self._norm(mlp, prefix + "post_feedforward_layernorm")
+        return states * self.weights[prefix + "layer_scalar"]
+
+    def _mlp(self, layer, states):
+        prefix = f"layers.{layer}.mlp."
+        gated = self.act(self._linear(states, prefix + "gate_proj")) * self._linear(states, prefix + "up_proj")
+        return self._linear(gated, prefix + "down_proj")
+
+    def block(self, anchor, anchor_position):
+        """Final-normed hidden states `(B, hidden)` and base logits `(B, vocab)` for ``[anchor, mask * (B-1)]``."""
+        ids = torch.full((self.block_size,), self.config["mask_token_id"], device=anchor.device)
+        ids[0] = anchor
+        states = torch.nn.functional.embedding(ids, self.weights["embed_tokens.weight"])
+        if self.gemma:
+            states = states * torch.tensor(self.config["hidden_size"] ** 0.5, dtype=states.dtype)
+        positions = torch.arange(anchor_position, anchor_position + self.block_size, device=anchor.device)
+        cos, sin = (t[0] for t in self._positions(states, positions))
+        for layer in range(self.num_layers):
+            states = self._layer(layer, states, cos, sin)
+        hidden = self._norm(states, "norm")
+        logits = self._linear(hidden, "lm_head").float()
+        cap = self.config.get("final_logit_softcapping") if self.gemma else None
+        return hidden, (torch.tanh(logits / cap) * cap if cap else logits)
+
+    def markov_bias(self, previous, hidden, state):
+        """Transition bias `(vocab,)` given the previous token; `state` is the rnn head's (None elsewhere)."""
+        if not self.config.get("markov_rank"):
+            return None, None
+        embedding = self.weights["markov_head.markov_w1.weight"][previous]
+        head_type = self.config.get("markov_head_type", "vanilla")
+        if head_type == "gated":
+            embedding = torch.sigmoid(self._linear(torch.cat([hidden, embedding]), "markov_head.gate_proj")) * embedding
+        elif head_type == "rnn":
+            state = torch.zeros_like(embedding) if state is None else state
+            joint = self._linear(torch.cat([state, embedding, hidden]), "markov_head.joint_proj")
+            gate, candidate, out = joint.chunk(3)
+            state = torch.sigmoid(gate) * state + (1 - torch.sigmoid(gate)) * torch.tanh(candidate)
+            embedding = torch.tanh(out)
+        return self._linear(embedding, "markov_head.markov_w2").float(), state
+
+    def confidence(self, hidden, previous, slot):
+        """Calibrated probability that this slot's draft is accepted (1.0 without a confidence head)."""
+        if not self.config.get("enable_confidence_head"):
+            return 1.0
+        features = hidden
+        if self.config.get("confidence_head_with_markov") and self.config.get("markov_rank"):
+            features = torch.cat([hidden, self.weights["markov_head.markov_w1.weight"][previous].to(hidden.dtype)])
+        logit = self._linear(features, "confidence_head.proj").float()
+        temperatures = self.config.get("confidence_temperatures")
+        return float(torch.sigmoid(logit / (temperatures[slot] if temperatures else 1.0)))
+
+
+def _load_tensors(folder):
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return load_file(os.path.join(folder, "model.safetensors"))
+    with open(index, encoding="utf-8") as handle:
+        files = sorted(set(json.load(handle)["weight_map"].values()))
+    tensors = {}
+    for file in files:
+        tensors.update(load_file(os.path.join(folder, file)))
+    return tensors
+
+
+def _rotary_embedding(folder, gemma):
+    """transformers' own RoPE module for the drafter's config (Gemma4: the full-attention parameters)."""
+    config = AutoConfig.from_pretrained(folder)
+    if gemma:
+        from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
+
+        return Gemma4TextRotaryEmbedding(config)
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+    return Qwen3RotaryEmbedding(config)
+
+
+def load_drafter(reference, model) -> DSparkStandaloneDrafter:
+    """The drafter at `reference` (folder or Hub id), on the target's device and dtype, checked against `model`."""
+    if reference == "__DSPARK" + "_DRAFTER__":
+        raise ValueError("This generate.py was not written by dspark_hf.hub; pass dspark_drafter='<folder or repo>'.")
+    embedding = model.get_input_embeddings().weight
+    key = (reference, str(embedding.device), embedding.dtype)
+    if key not in _LOADED:
+        folder = reference
+        if not os.path.isdir(reference):
+            from huggingface_hub import snapshot_download
+
+            folder = snapshot_download(reference, allow_patterns=["config.json", "*.safetensors", "*.json"])
+        _LOADED[key] = DSparkStandaloneDrafter(folder, embedding.device, embedding.dtype)
+    drafter = _LOADED[key]
+    _check_target(drafter.config, model)
+    return drafter
+
+
+def _check_target(config, model) -> None:
+    text_config = model.config.get_text_config()
+    checks = [("hidden_size", config["hidden_size"], text_config.hidden_size),
+              ("vocab_size", config["vocab_size"], model.get_output_embeddings().weight.shape[0]),
+              ("num_target_layers", config.get("num_target_layers", text_config.num_hidden_layers),
+               text_config.num_hidden_layers)]  # fmt: skip
+    for key, ours, theirs in checks:
+        if ours != theirs:
+            raise ValueError(
+                f"The drafter was built for a target with {key}={ours}, but this target has {theirs}; "
+                "use the drafter trained for this model."
+            )
+
+
+# --- verification --------------------------------------------------------------------------------------------------
+
+
+def verify(draft_ids, draft_probs, target_logits, target_probs, do_sample, generator=None):
+    """Accepts a prefix of the drafts; returns `(num_accepted, next_token)`.
+
+    Args:
+        draft_ids (`list[int]`): the L drafts.
+        draft_probs (`torch.Tensor` of shape `(L, vocab)`): the distributions the drafts were sampled from.
+        target_logits / target_probs (`torch.Tensor` of shape `(L + 1, vocab)`): the target at each verified slot.
+        do_sample (`bool`): speculative rejection sampling if True, else greedy prefix matching.
+    """
+    if not do_sample:
+        choices = target_logits.argmax(dim=-1).tolist()
+        accepted = 0
+        while accepted < len(draft_ids) and draft_ids[accepted] == choices[accepted]:
+            accepted += 1
+        return accepted, choices[accepted]
+    for slot, token in enumerate(draft_ids):
+        p, q = target_probs[slot, token], draft_probs[slot, token]
+        # p >= q: always accept; else accept with probability p / q
+        if torch.rand((), generator=generator, device=p.device) < torch.clamp(p / q.clamp_min(1e-8), max=1.0):
+            continue
+        # Rejected: sample from the normalized residual max(p_t - p_d, 0) (the target itself if it vanishes).
+        residual = (target_probs[slot] - draft_probs[slot]).clamp_min(0)
+        residual = residual if residual.sum() > 1e-8 else target_probs[slot]
+        return slot, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    bonus = torch.multinomial(target_probs[len(draft_ids)], 1, generator=generator)
+    return len(draft_ids), int(bonus)
+
+
+# --- the decoding loop ----------------------------------------------------------------------------------------------
+
+
+def _target_forward(model, input_ids, cache):
+    cache_argument = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return model(input_ids=input_ids, use_cache=True, output_hidden_states=True, **{cache_argument: cache})
+
+
+def _drop_last(cache, count):
+    """Removes the last `count` positions of the target cache (transformers >= 5.2x counts down, older ones up)."""
+    parameters = inspect.signature(cache.crop).parameters
+    if "tokens_to_remove" in parameters:
+        cache.crop(-count)
+    elif count:
+        cache.crop(cache.get_seq_length() - count)
+
+
+def _features(hidden_states, layer_ids):
+    """`(seq, m * hidden)`: the raw outputs of the target layers `layer_ids` (HF index i + 1 is layer i's output)."""
+    return torch.cat([hidden_states[i + 1][0] for i in layer_ids], dim=-1)
+
+
+def _choose(logits, do_sample, generator=None):
+    if do_sample:
+        return int(torch.multinomial(logits.softmax(dim=-1), 1, generator=generator))
+    return int(logits.argmax(dim=-1))
+
+
+def _propose(drafter, sequence, budget, warpers, do_sample, threshold):
+    """Drafts up to `budget` tokens left to right: ``z_k = U_k + bias(x_{k-1})``, warped, then argmax or a sample."""
+    if budget <= 0:
+        return [], None
+    hidden, logits = drafter.block(sequence[0, -1], sequence.shape[1] - 1)
+    previous, state, drafts, probs = int(sequence[0, -1]), None, [], []
+    for slot in range(min(budget, drafter.block_size)):
+        if threshold > 0 and drafter.confidence(hidden[slot], previous, slot) < threshold:
+            break
+        bias, state = drafter.markov_bias(previous, hidden[slot], state)
+        corrected = logits[slot] if bias is None else logits[slot] + bias
+        corrected = warpers(sequence, corrected[None])[0] if warpers else corrected
+        previous = _choose(corrected, do_sample)
+        drafts.append(previous)
+        probs.append(corrected.softmax(dim=-1))
+        sequence = torch.cat([sequence, sequence.new_tensor([[previous]])], dim=-1)
+    return drafts, (torch.stack(probs) if probs else None)
+
+
+@torch.no_grad()
+def speculative_generate(model, drafter, input_ids, config, threshold=0.0):
+    """The draft-verify loop (spec 3.6), batch 1. Returns `(1, seq + new)` token ids."""
+    layer_ids = drafter.config["target_layer_ids"]
+    warpers, do_sample = _warpers(config), bool(config.do_sample)
+    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    limit = config.max_length if config.max_new_tokens is None else input_ids.shape[1] + config.max_new_tokens
+    drafter.context, drafter.context_length = [[None, None] for _ in range(drafter.num_layers)], 0
+    cache = DynamicCache(config=model.config)
+    output = _target_forward(model, input_ids, cache)
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()  # lets sliding-window layers roll back rejected drafts
+    features = _features(output.hidden_states, layer_ids)
+    first_logits = output.logits[:, -1].float()
+    token = _choose(warpers(input_ids, first_logits)[0] if warpers else first_logits[0], do_sample)
+    sequence = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
+    while sequence.shape[1] < limit and token not in eos:
+        drafter.extend_context(features, drafter.context_length)
+        drafts, draft_probs = _propose(drafter, sequence, limit - sequence.shape[1] - 1, warpers, do_sample, threshold)
+        verify_ids = torch.cat([sequence[:, -1:], sequence.new_tensor([drafts]).view(1, -1)], dim=-1)
+        output = _target_forward(model, verify_ids, cache)
+        target_logits = output.logits[0].float()
+        if warpers:
+            target_logits = torch.cat([warpers(sequence, row[None]) for row in target_logits])
+        accepted, token = verify(drafts, draft_probs, target_logits, target_logits.softmax(dim=-1), do_sample)
+        committed = drafts[:accepted] + [token]
+        if any(t in eos for t in committed):
+            committed = committed[: next(i for i, t in enumerate(committed) if t in eos) + 1]
+            token = committed[-1]
+        _drop_last(cache, len(drafts) - accepted)
+        features = _features(output.hidden_states, layer_ids)[: accepted + 1]
+        sequence = torch.cat([sequence, sequence.new_tensor([committed])], dim=-1)
+    return sequence[:, :limit]
