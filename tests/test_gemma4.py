@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import inspect
 import json
 
 import pytest
 import torch
 from transformers import AutoModel, Gemma4Config
 
-import dspark_hf._transformers_compat as compat
 from dspark_hf import hub, interop
 from dspark_hf.modeling_dspark_gemma4 import DSparkGemma4Config, DSparkGemma4Drafter, softcap_logits
 
@@ -20,13 +18,6 @@ from test_hub import (  # shared helpers; `modules_cache` is a fixture
     load_generate_module,
     modules_cache,  # noqa: F401
     predictable_pair,
-)
-
-
-needs_gemma4_auto_dispatch = pytest.mark.xfail(
-    "Gemma4DSparkModel" not in inspect.getsource(compat),
-    reason="core hook pending: the Auto* from_pretrained wrapper must route Gemma4DSparkModel to DSparkGemma4Drafter",
-    strict=True,
 )
 
 
@@ -151,7 +142,6 @@ def test_qwen3_layout_is_not_read_as_gemma4(tmp_path):
         DSparkGemma4Config.from_pretrained(path)
 
 
-@needs_gemma4_auto_dispatch
 def test_auto_model_loads_the_gemma4_drafter(tmp_path):
     path = interop.write_synthetic_checkpoint(tmp_path, variant="gemma4")
     assert isinstance(AutoModel.from_pretrained(path), DSparkGemma4Drafter)

@@ -17,26 +17,13 @@ from huggingface_hub import HfApi, ModelCard
 from safetensors import safe_open
 from transformers import AutoModel
 
-from dspark_hf import DSparkConfig, DSparkDrafter, cli, hub, interop
+from dspark_hf import DSparkDrafter, cli, hub, interop
 
 
 PROMPT = torch.tensor([[5, 17, 42, 99, 7, 8, 9]])
 CARD = {"base_model": "org/tiny-target", "license": "apache-2.0", "datasets": ["org/chat-responses"]}
 GENERATE_PY = Path(hub.__file__).parent / "templates" / "custom_generate" / "generate.py"
 
-
-def _core_drops_unset_target_model_type() -> bool:
-    config = DSparkConfig(vocab_size=16, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=1,
-                          num_key_value_heads=1, head_dim=8, mask_token_id=0, target_layer_ids=[0])  # fmt: skip
-    return "target_model_type" not in config.to_dict()
-
-
-# Core hook (configuration_dspark.DSparkConfig.to_dict): DeepSpec's Qwen3 configs have no `target_model_type` key.
-needs_target_model_type_hook = pytest.mark.xfail(
-    not _core_drops_unset_target_model_type(),
-    reason="core hook pending: DSparkConfig.to_dict must drop target_model_type when it is None",
-    strict=True,
-)
 
 
 def predictable_pair(tmp_path, variant="qwen3", dtype="bfloat16", reject=True, **config_kwargs):
@@ -112,7 +99,6 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-@needs_target_model_type_hook
 @pytest.mark.parametrize("dflash", [False, True])
 def test_official_qwen3_checkpoint_round_trips_byte_identically(tmp_path, dflash):
     source = interop.write_synthetic_checkpoint(tmp_path / "official", variant="qwen3", dflash=dflash, num_shards=2)

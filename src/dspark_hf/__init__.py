@@ -19,6 +19,7 @@ from .generation import (
 )
 from .generation.batched import DSparkBatchEngine, DSparkRequest
 from .modeling_dspark import DSparkDrafter
+from .modeling_dspark_gemma4 import DSparkGemma4Config, DSparkGemma4Drafter
 from .scheduling import (
     StepsPerSecondCurve,
     schedule_verification_lengths,
@@ -33,11 +34,16 @@ __version__ = "0.1.0"
 AutoConfig.register(DSparkConfig.model_type, DSparkConfig, exist_ok=True)
 AutoModel.register(DSparkConfig, DSparkDrafter, exist_ok=True)
 AutoModelForCausalLM.register(DSparkConfig, DSparkDrafter, exist_ok=True)
+AutoConfig.register(DSparkGemma4Config.model_type, DSparkGemma4Config, exist_ok=True)
+AutoModel.register(DSparkGemma4Config, DSparkGemma4Drafter, exist_ok=True)
+AutoModelForCausalLM.register(DSparkGemma4Config, DSparkGemma4Drafter, exist_ok=True)
 _transformers_compat.install()
 
 __all__ = [
     "DSparkConfig",
     "DSparkDrafter",
+    "DSparkGemma4Config",
+    "DSparkGemma4Drafter",
     "DSparkCandidateGenerator",
     "DSparkGenerationStats",
     "VerificationPolicy",
@@ -66,6 +72,9 @@ def __getattr__(name):
         "DSparkTrainer": "training",
         "DSparkTrainingArguments": "training",
         "DSparkDataCollator": "training",
+        "push_drafter": "hub",
+        "save_drafter": "hub",
+        "render_model_card": "hub",
     }
     if name in lazy:
         import importlib

@@ -160,8 +160,13 @@ def _make_auto_from_pretrained(original):
                 )
             except (OSError, ValueError):
                 config_dict = {}
-            if (config_dict.get("architectures") or [None])[0] in DSPARK_ARCHITECTURES:
+            architecture = (config_dict.get("architectures") or [None])[0]
+            if architecture in DSPARK_ARCHITECTURES:
                 return DSparkDrafter.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            if architecture == "Gemma4DSparkModel":
+                from .modeling_dspark_gemma4 import DSparkGemma4Drafter
+
+                return DSparkGemma4Drafter.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         return original(cls, pretrained_model_name_or_path, *model_args, **kwargs)
 
     return classmethod(from_pretrained)

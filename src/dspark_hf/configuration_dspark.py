@@ -175,6 +175,8 @@ class DSparkConfig(Qwen3Config):
             output.pop("confidence_head_with_markov", None)
         if self.confidence_temperatures is None:
             output.pop("confidence_temperatures", None)
+        if self.target_model_type is None:  # DeepSpec's Qwen3 configs have no such key
+            output.pop("target_model_type", None)
         return output
 
     @classmethod

@@ -274,7 +274,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
             kwargs: [`DSparkConfig`] keys, e.g. `block_size=7`, `num_hidden_layers=1`, `markov_rank=64`,
                 `target_layer_ids=[1, 9, 17]`.
         """
-        config = DSparkConfig.from_target_config(target.config, **kwargs)
+        config = cls.config_class.from_target_config(target.config, **kwargs)
         drafter = cls(config)
         target_embedding = target.get_input_embeddings().weight
         target_head = target.get_output_embeddings()
