@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModel, AutoModelForCausalLM
 
-from conftest import make_drafter, make_target
+from conftest import make_drafter
 from dspark_hf import DSparkConfig, DSparkDrafter
 
 

@@ -252,12 +252,12 @@ def calibration_data_from_stats(stats, output_ids: Sequence[int] = (), eos_token
         raw = list(round_stats.confidence_logits)
         num_valid, accepted = min(len(raw), round_stats.verified), round_stats.accepted
         if ended_with_eos and n == len(stats.rounds) - 1 and accepted < num_valid:
-            drafts = getattr(round_stats, "draft_ids", None)
+            drafts = getattr(round_stats, "draft_ids", None) or None  # unrecorded: None or []
             if drafts is not None and int(drafts[accepted]) == int(output_ids[-1]):
                 accepted += 1  # the EOS draft itself was accepted; nothing after it counts
                 num_valid = accepted
             elif drafts is None:
-                num_valid = accepted
+                num_valid = accepted  # cannot tell an accepted EOS from a rejection: drop the uncertain slot
         logits[n, :num_valid] = raw[:num_valid]
         labels[n, :num_valid] = [float(accepted >= k) for k in range(1, num_valid + 1)]
         valid[n, :num_valid] = True

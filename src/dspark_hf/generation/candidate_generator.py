@@ -131,7 +131,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if hidden_states is None:
             raise RuntimeError(
                 "The target returned no hidden states; DSpark needs a target that supports `output_hidden_states` "
-                f"(transformers' generate contract changed? see dspark_hf._transformers_compat)."
+                "(transformers' generate contract changed? see dspark_hf._transformers_compat)."
             )
         layers = [hidden_states[i + 1] for i in self.config.target_layer_ids]
         if any(layer is None for layer in layers) or layers[0].shape[1] < num_new:
