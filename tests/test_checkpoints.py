@@ -113,3 +113,14 @@ def test_dflash_sibling_config_loads_without_heads(tmp_path, target):
     (tmp_path / "config.json").write_text(json.dumps(config))
     loaded = DSparkDrafter.from_pretrained(tmp_path)
     assert loaded.markov_head is None and loaded.confidence_head is None
+
+
+def test_compact_checkpoint_binds_the_targets_vocabulary(tmp_path, target):
+    drafter = make_drafter(target)
+    drafter.save_compact(tmp_path)
+    assert not {"embed_tokens.weight", "lm_head.weight"} & set(load_file(tmp_path / "model.safetensors"))
+    with pytest.raises(ValueError, match="compact drafter.*target=target"):
+        DSparkDrafter.from_pretrained(tmp_path)
+    loaded = DSparkDrafter.from_pretrained(tmp_path, target=target)
+    assert torch.equal(loaded.lm_head.weight, target.lm_head.weight)
+    assert _draft(loaded, target) == _draft(drafter, target)

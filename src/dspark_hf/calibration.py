@@ -496,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target, tokenizer = load_target(args.target, device=device)
-    drafter = DSparkDrafter.from_pretrained(args.drafter).to(device).eval()
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).to(device).eval()
     report = calibrate(args, target, tokenizer, drafter)
     print(json.dumps(_summary(report), indent=2))
     return 0

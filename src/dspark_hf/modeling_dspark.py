@@ -220,6 +220,9 @@ class DSparkPreTrainedModel(PreTrainedModel):
     _keys_to_ignore_on_load_unexpected = [r"rotary_emb\.inv_freq"]
 
 
+VOCABULARY_TENSORS = ("embed_tokens.weight", "lm_head.weight")
+
+
 class DSparkDrafter(DSparkPreTrainedModel):
     """The DSpark drafter (``Qwen3DSparkModel`` in the official layout).
 
@@ -287,12 +290,28 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return drafter
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs) -> "DSparkDrafter":
-        """Loads a drafter in the official layout; refuses checkpoints whose tensors do not match the config."""
+    def from_pretrained(
+        cls, pretrained_model_name_or_path, *model_args, target: PreTrainedModel | None = None, **kwargs
+    ) -> "DSparkDrafter":
+        """Loads a drafter in the official layout; refuses checkpoints whose tensors do not match the config.
+
+        Args:
+            target ([`PreTrainedModel`], *optional*): binds the target's embedding and LM head into a compact
+                checkpoint saved without them (see [`DSparkDrafter.save_compact`]).
+        """
         output_loading_info = kwargs.pop("output_loading_info", False)
         model, info = super().from_pretrained(
             pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
         )
+        missing = set(map(str, info.get("missing_keys") or ()))
+        if missing and missing <= set(VOCABULARY_TENSORS):
+            if target is None:
+                raise ValueError(
+                    f"{pretrained_model_name_or_path!r} is a compact drafter saved without {sorted(missing)}; "
+                    "pass the target: DSparkDrafter.from_pretrained(path, target=target)."
+                )
+            model.bind_vocabulary(target)
+            info["missing_keys"] = set()
         problems = {name: info.get(name) for name in ("missing_keys", "unexpected_keys", "mismatched_keys")}
         problems = {name: sorted(map(str, keys)) for name, keys in problems.items() if keys}
         if problems:
@@ -304,6 +323,27 @@ class DSparkDrafter(DSparkPreTrainedModel):
             )
         model.freeze_vocabulary()
         return (model, info) if output_loading_info else model
+
+    def bind_vocabulary(self, target: PreTrainedModel) -> None:
+        """Copies the target's input embedding and LM head into the drafter (they are frozen copies anyway)."""
+        embedding, head = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+        if tuple(embedding.shape) != tuple(self.embed_tokens.weight.shape):
+            raise ValueError(
+                f"The target's embedding has shape {tuple(embedding.shape)} but this drafter expects "
+                f"{tuple(self.embed_tokens.weight.shape)}; was it built for another model?"
+            )
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(embedding)
+            self.lm_head.weight.copy_(head)
+
+    def save_compact(self, save_directory, **kwargs) -> None:
+        """Saves without `embed_tokens` and `lm_head` (the target's own tensors, usually most of the bytes).
+
+        Only dspark-hf loads such a folder (`from_pretrained(path, target=target)`); the official layout, which
+        `save_pretrained` and `dspark-hf push` write, always includes them for DeepSpec, vLLM and SGLang.
+        """
+        state_dict = {k: v for k, v in self.state_dict().items() if k not in VOCABULARY_TENSORS}
+        self.save_pretrained(save_directory, state_dict=state_dict, **kwargs)
 
     def forward(
         self,

@@ -328,7 +328,7 @@ def load_drafter(spec: str | None, target: PreTrainedModel, device: str, dtype: 
         drafter = DSparkDrafter.from_target(target, **untrained_kwargs)
         drafter.name_or_path = "untrained"
     else:
-        drafter = DSparkDrafter.from_pretrained(spec, dtype=dtype)
+        drafter = DSparkDrafter.from_pretrained(spec, dtype=dtype, target=target)
     return drafter.to(device=device, dtype=dtype).eval()
 
 
