@@ -41,10 +41,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _load_drafter(args: argparse.Namespace, target) -> DSparkDrafter:
     if args.drafter is not None:
-        return DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
+        return DSparkDrafter.from_pretrained(args.drafter, target=target, dtype=target.dtype).eval()
     path = EMBEDDED_DRAFTERS.get(args.target)
     if path is not None and (path / "config.json").exists():
-        return DSparkDrafter.from_pretrained(path, target=target).eval()
+        return DSparkDrafter.from_pretrained(path, target=target, dtype=target.dtype).eval()
     print(f"[demo] no trained drafter ships for {args.target!r}: using an UNTRAINED one "
           "(output is still identical; expect no speed-up). Pass --drafter PATH for a trained one.")
     return DSparkDrafter.from_target(target).eval()

@@ -122,7 +122,7 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     target, tokenizer = load_target(args.target)
     path = args.drafter or EMBEDDED_DRAFTERS.get(args.target)
-    drafter = DSparkDrafter.from_pretrained(path, target=target).eval()
+    drafter = DSparkDrafter.from_pretrained(path, target=target, dtype=target.dtype).eval()
     prompts = [render_conversation(tokenizer, p.turns[:1], []) for p in load_prompts(args.prompts)]
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
