@@ -66,31 +66,40 @@ class DSparkAttention(Qwen3Attention):
         attention_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        input_shape = hidden_states.shape[:-1]
-        shape = (*input_shape, -1, self.head_dim)
-        cos, sin = position_embeddings
-        query = _apply_rope(self.q_norm(self.q_proj(hidden_states).view(shape)).transpose(1, 2), cos, sin)
-        keys = _apply_rope(self.k_norm(self.k_proj(hidden_states).view(shape)).transpose(1, 2), cos, sin)
-        values = self.v_proj(hidden_states).view(shape).transpose(1, 2)
-        if context_key_values is not None:
-            keys = torch.cat([context_key_values[0], keys], dim=2)
-            values = torch.cat([context_key_values[1], values], dim=2)
+        shape = (*hidden_states.shape[:-1], -1, self.head_dim)
+        query = _apply_rope(self.q_norm(self.q_proj(hidden_states).view(shape)).transpose(1, 2), *position_embeddings)
+        keys, values = self.context_key_values(hidden_states, position_embeddings)  # the block's own, not cached
+        return attend_block(self, query, keys, values, context_key_values, attention_mask, **kwargs)
 
-        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        attn_output, attn_weights = attention_interface(
-            self,
-            query,
-            keys,
-            values,
-            attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout,
-            scaling=self.scaling,
-            **kwargs,
-        )
-        attn_output = self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
-        return attn_output, attn_weights
+
+def attend_block(
+    module: nn.Module,
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    context_key_values: tuple[torch.Tensor, torch.Tensor] | None,
+    attention_mask: torch.Tensor | None = None,
+    eager_fallback=eager_attention_forward,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Block queries `(batch, heads, block, head_dim)` attend to ``[cached context ; block]`` keys/values with
+    the configured attention kernel (no causal mask), then `o_proj`. Shared by the Qwen3 and Gemma4 drafters."""
+    if context_key_values is not None:
+        keys = torch.cat([context_key_values[0], keys], dim=2)
+        values = torch.cat([context_key_values[1], values], dim=2)
+    attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(module.config._attn_implementation, eager_fallback)
+    attn_output, attn_weights = attention_interface(
+        module,
+        query,
+        keys,
+        values,
+        attention_mask,
+        dropout=module.attention_dropout if module.training else 0.0,
+        scaling=module.scaling,
+        **kwargs,
+    )
+    attn_output = attn_output.reshape(query.shape[0], query.shape[2], -1).contiguous()
+    return module.o_proj(attn_output), attn_weights
 
 
 class DSparkDecoderLayer(Qwen3DecoderLayer):

@@ -24,7 +24,6 @@ import torch.nn as nn
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers import initialization as init
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.gemma4.configuration_gemma4 import Gemma4TextConfig
 from transformers.models.gemma4.modeling_gemma4 import (
     Gemma4RMSNorm,
@@ -44,6 +43,7 @@ from .modeling_dspark import (
     DSparkDrafterOutput,
     DSparkMarkovHead,
     DSparkPreTrainedModel,
+    attend_block,
 )
 
 
@@ -292,24 +292,8 @@ class DSparkGemma4Attention(Gemma4TextAttention):
         query = self.q_norm(self.q_proj(hidden_states).view(*input_shape, -1, self.head_dim)).transpose(1, 2)
         query = apply_rotary_pos_emb(query, cos, sin, unsqueeze_dim=1)
         keys, values = self.context_key_values(hidden_states, position_embeddings)
-        if context_key_values is not None:
-            keys = torch.cat([context_key_values[0], keys], dim=2)
-            values = torch.cat([context_key_values[1], values], dim=2)
-        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, eager_attention_forward
-        )
-        attn_output, attn_weights = attention_interface(
-            self,
-            query,
-            keys,
-            values,
-            attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=self.scaling,
-            **kwargs,
-        )
-        attn_output = self.o_proj(attn_output.reshape(*input_shape, -1).contiguous())
-        return attn_output, attn_weights
+        return attend_block(self, query, keys, values, context_key_values, attention_mask,
+                            eager_fallback=eager_attention_forward, **kwargs)
 
 
 class DSparkGemma4DecoderLayer(Gemma4TextDecoderLayer):
