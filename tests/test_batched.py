@@ -127,7 +127,8 @@ def test_batched_policies_stay_lossless(policy):
 
     target = make_target("llama", seed=6)
     drafter = make_drafter(target, block_size=4)
-    chosen = ThresholdPolicy(0.5) if policy == "threshold" else HardwareAwarePolicy({1: 10.0, 2: 9.0, 3: 8.5, 5: 8.0})
+    chosen = (ThresholdPolicy(0.5) if policy == "threshold"
+              else HardwareAwarePolicy({1: 10.0, 2: 9.0, 3: 8.5, 5: 8.0}, draft_seconds=0.0))
     engine = DSparkBatchEngine(target, drafter, policy=chosen, pad_token_id=0)
     prompts = [[5, 6, 7], [9, 10, 11, 12], [20], [30, 31]]
     requests = [engine.add_request(p, 13) for p in prompts]
@@ -136,6 +137,36 @@ def test_batched_policies_stay_lossless(policy):
         assert request.output_ids == solo(target, prompt, 13, eos_token_id=None)
     verified = {r.verified for request in requests for r in request.stats.rounds}
     assert len(verified) > 1 or verified != {drafter.config.block_size}  # the policy really cut drafts
+
+
+def test_batched_hardware_aware_skips_a_costly_drafter_and_stays_lossless():
+    from dspark_hf.generation.policies import HardwareAwarePolicy
+
+    target = make_target("llama", seed=6)
+    drafter = make_drafter(target, block_size=4)
+    drafter.config.confidence_temperatures = [0.03] * 4  # spread the random head's confidences over (0, 1)
+    calls = []
+    drafter.register_forward_pre_hook(lambda module, args: calls.append(1))
+    # drafting costs 0.1 decode step per row: only confident rows are worth it
+    policy = HardwareAwarePolicy({1: 10.0, 2: 9.0, 3: 8.5, 5: 8.0}, draft_seconds=0.01, max_idle_rounds=2)
+    engine = DSparkBatchEngine(target, drafter, policy=policy, pad_token_id=0)
+    prompts = [[5, 6, 7], [9, 10, 11, 12], [20], [30, 31]]
+    requests = [engine.add_request(p, 20) for p in prompts]
+    engine.run()
+    for prompt, request in zip(prompts, requests):
+        assert request.output_ids == solo(target, prompt, 20, eos_token_id=None)
+    rounds = requests[0].stats.rounds
+    skipped = sum(not r.drafted for r in rounds)
+    assert 0 < skipped < len(rounds)
+    assert len(calls) == len(rounds) - skipped  # a skipped round never runs the drafter's block forward
+
+
+def test_plan_verification_width_weighs_the_drafting_cost():
+    from dspark_hf.generation.batched import plan_verification_width
+
+    speeds = {1: 10.0, 2: 9.0, 3: 8.5}.get
+    assert plan_verification_width([[0.5, 0.5]] * 2, speeds, 3) == 3
+    assert plan_verification_width([[0.5, 0.5]] * 2, speeds, 3, draft_seconds=0.06) == 1
 
 
 def test_plan_verification_width_reads_the_whole_curve():

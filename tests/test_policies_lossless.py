@@ -39,7 +39,9 @@ def _policies():
         "full": FullBlockPolicy(),
         "threshold": ThresholdPolicy(0.5),
         "threshold_cumulative": ThresholdPolicy(0.3, cumulative=True),
-        "hardware_aware": HardwareAwarePolicy(STEPS_PER_SECOND),
+        "hardware_aware": HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.0),
+        # drafting costs as much as 0.4 decode steps: the plan often skips the drafter (and probes again)
+        "hardware_aware_skipping": HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.4, max_idle_rounds=2),
     }
 
 
@@ -132,14 +134,14 @@ NUM_SAMPLES = 1000
 PROMPT = torch.tensor([[1, 2, 0, 1]])
 
 
-def _sampling_pair():
+def _sampling_pair(policy=None):
     """A tiny target with peaked next-token distributions and a random drafter that disagrees with it often."""
     target = make_target("llama", vocab_size=VOCAB, eos_token_id=None, bos_token_id=None, pad_token_id=0,
                          num_hidden_layers=2)
     with torch.no_grad():
         target.lm_head.weight.mul_(6.0)  # random logits are nearly flat; sharpen them (the drafter copies the head)
     drafter = _sharp_drafter(target, block_size=3)
-    drafter.verification_policy = HardwareAwarePolicy(STEPS_PER_SECOND)
+    drafter.verification_policy = policy or HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.0)
     return target, drafter
 
 
@@ -160,7 +162,7 @@ def _sample_counts(target, drafter, num_samples, seed=1234):
     """Counts of (y_1, y_2, y_3) over `num_samples` speculative generations, plus the verified lengths seen and the
     total of accepted drafts."""
     counts = torch.zeros([VOCAB] * TESTED_TOKENS)
-    verified, accepted = set(), 0
+    verified, accepted, skipped = set(), 0, 0
     torch.manual_seed(seed)
     for _ in range(num_samples):
         output = target.generate(PROMPT, attention_mask=torch.ones_like(PROMPT), assistant_model=drafter,
@@ -168,7 +170,8 @@ def _sample_counts(target, drafter, num_samples, seed=1234):
         counts[tuple(output[0, PROMPT.shape[1]:PROMPT.shape[1] + TESTED_TOKENS].tolist())] += 1
         verified |= {r.verified for r in drafter.generation_stats.rounds}
         accepted += drafter.generation_stats.accepted
-    return counts, verified, accepted
+        skipped += drafter.generation_stats.skipped_rounds
+    return counts, verified, accepted, skipped
 
 
 def _chi_square_p_value(counts, expected_probs, min_expected=5.0):
@@ -187,8 +190,16 @@ def test_sampled_output_follows_the_target_distribution(single_thread):
     """With a policy that truncates by sampled-token-dependent confidences, the joint distribution of the first
     tokens is the target's (χ² over all VOCAB^3 outcomes; fixed seeds, so the outcome is deterministic)."""
     target, drafter = _sampling_pair()
-    counts, verified, accepted = _sample_counts(target, drafter, NUM_SAMPLES)
+    counts, verified, accepted, _ = _sample_counts(target, drafter, NUM_SAMPLES)
     assert verified == {0, 1, 2} and accepted > NUM_SAMPLES // 2, (verified, accepted)  # the policy and drafts matter
+    assert _chi_square_p_value(counts, _target_joint(target, PROMPT)) > 1e-3
+
+
+def test_sampling_stays_exact_when_the_drafter_is_skipped(single_thread):
+    """Rounds without drafting (plan 0 under a costly drafter, with probes in between) mixed with drafted ones."""
+    target, drafter = _sampling_pair(HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.4, max_idle_rounds=2))
+    counts, verified, accepted, skipped = _sample_counts(target, drafter, NUM_SAMPLES)
+    assert skipped > NUM_SAMPLES // 4 and accepted > NUM_SAMPLES // 10, (skipped, accepted)  # both kinds of round
     assert _chi_square_p_value(counts, _target_joint(target, PROMPT)) > 1e-3
 
 
@@ -206,7 +217,7 @@ def test_the_sampling_test_catches_a_subtly_wrong_draft_distribution(single_thre
 
     monkeypatch.setattr(DSparkCandidateGenerator, "get_candidates", wrong_logits)
     target, drafter = _sampling_pair()
-    counts, _, _ = _sample_counts(target, drafter, NUM_SAMPLES)
+    counts, _, _, _ = _sample_counts(target, drafter, NUM_SAMPLES)
     assert _chi_square_p_value(counts, _target_joint(target, PROMPT)) < 1e-3
 
 

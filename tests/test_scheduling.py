@@ -304,3 +304,47 @@ def test_the_simulator_detects_bias_on_other_settings_too():
     case = {**PAPER, "c2_after": {A: 0.1, B: 0.95}}
     schedule = lambda c1, c2: retrospective_global_search([c1, c2], PAPER_SPEEDS)  # noqa: E731
     assert exact_output_distribution(schedule, **case) != _target_joint(case)
+
+
+def test_capacity_weighs_the_drafting_cost():
+    speeds = {1: 10.0, 2: 9.0, 3: 8.5}
+    assert verification_capacity([[0.5, 0.5]], speeds) == 2
+    assert verification_capacity([[0.5, 0.5]], speeds, draft_seconds=0.0) == 2
+    # 1 + 0.5 + 0.25 tokens in 1/8.5 s + 60 ms (9.85 tok/s) lose to plain decoding (10 tok/s)
+    assert verification_capacity([[0.5, 0.5]], speeds, draft_seconds=0.06) == 0
+    assert verification_capacity([[0.95, 0.95]], speeds, draft_seconds=0.06) == 2  # 2.85 tokens in 0.178 s
+    with pytest.raises(ValueError, match="draft_seconds"):
+        verification_capacity([[0.5]], speeds, draft_seconds=-1.0)
+
+
+def test_hardware_aware_policy_backs_off_a_drafter_that_does_not_pay():
+    policy = HardwareAwarePolicy({1: 10.0, 2: 9.0}, draft_seconds=0.05, max_idle_rounds=4)
+    assert policy.should_draft()  # nothing planned yet: draft (Algorithm 1 on this round's confidences)
+    policy.observe([0.3])  # 1.3 tokens in 0.161 s < 10 tokens/s: plan 0
+    pattern = []
+    for _ in range(14):
+        drafts = policy.should_draft()
+        pattern.append(drafts)
+        if drafts:
+            assert policy.verification_length([0.9]) == 1  # a probe verifies by Algorithm 1 (its cost is sunk)
+            policy.observe([0.3])
+    # skip 1, probe, skip 2, probe, skip 4, probe, skip 4 (the cap), probe
+    assert pattern == [False, True, False, False, True, False, False, False, False, True, False, False, False, False]
+    policy.observe([0.99])  # a confident probe: 1.99 tokens in 0.161 s beat plain decoding, draft every round again
+    assert policy.should_draft() and policy.should_draft() and policy.verification_length([0.1]) == 1
+    policy.reset()  # a new generation keeps what was learned
+    assert policy.should_draft() and policy.drafting_cost() == 0.05
+    policy.forget()
+    assert policy._planned_length is None
+
+
+def test_hardware_aware_policy_measures_the_drafting_cost():
+    policy = HardwareAwarePolicy({1: 10.0, 2: 9.0})
+    assert policy.drafting_cost() == 0.0  # nothing measured yet: the paper's free drafter
+    policy.record_draft_seconds(0.010)
+    policy.record_draft_seconds(0.020)
+    assert policy.drafting_cost() == pytest.approx(0.012)  # moving average
+    policy.record_draft_seconds(0.040, rows=4)
+    assert policy.drafting_cost(4) == pytest.approx(0.040) and policy.drafting_cost(8) == pytest.approx(0.080)
+    with pytest.raises(ValueError, match="draft_seconds"):
+        HardwareAwarePolicy({1: 1.0}, draft_seconds=float("nan"))

@@ -54,3 +54,46 @@ def test_drafter_cache_holds_one_entry_per_committed_position(target, drafter):
     # The cache covers all positions up to the last anchor; block K/V are never kept.
     assert generator.cache.get_seq_length() == generator.context_length
     assert generator.context_length <= out.shape[1] - 1
+
+
+def test_context_is_complete_after_rounds_without_drafting():
+    from dspark_hf.generation.policies import VerificationPolicy
+
+    class EveryThirdRound(VerificationPolicy):
+        name = "every_third"
+
+        def __init__(self):
+            self.rounds = 0
+
+        def should_draft(self):
+            self.rounds += 1
+            return self.rounds % 3 == 1
+
+        def should_verify(self, position, confidences):
+            return True
+
+    target = make_target("llama", seed=3)
+    drafter = make_drafter(target, block_size=3, target_layer_ids=[0, 2])
+    drafter.verification_policy = EveryThirdRound()
+    seen_features, seen_positions = [], []
+
+    def record(module, args, kwargs):
+        seen_features.append(kwargs["target_hidden_states"])
+        seen_positions.append(kwargs["context_position_ids"])
+
+    handle = drafter.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        prompt = torch.tensor([[3, 14, 15, 9, 26]])
+        out = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=24)
+    finally:
+        handle.remove()
+    assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=24))
+    stats = drafter.generation_stats
+    assert stats.skipped_rounds >= 4 and len(seen_features) == stats.num_rounds - stats.skipped_rounds
+    features = torch.cat(seen_features, dim=1)[0]
+    positions = torch.cat(seen_positions, dim=1)[0]
+    assert positions.tolist() == list(range(positions.shape[0]))  # nothing lost or repeated across skipped rounds
+    with torch.no_grad():
+        reference = target(out, output_hidden_states=True).hidden_states
+    expected = torch.cat([reference[i + 1][0] for i in drafter.config.target_layer_ids], dim=-1)
+    torch.testing.assert_close(features, expected[: features.shape[0]], rtol=1e-4, atol=1e-5)

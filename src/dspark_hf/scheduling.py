@@ -236,12 +236,19 @@ def schedule_verification_lengths(confidences, steps_per_second) -> list[int]:
     return lengths
 
 
-def verification_capacity(stale_confidences, steps_per_second, num_requests: int | None = None) -> int:
+def verification_capacity(
+    stale_confidences, steps_per_second, num_requests: int | None = None, draft_seconds: float = 0.0
+) -> int:
     """Production scheduler, step 1 (spec 5.3): the number K of drafts to verify this step, from stale confidences.
 
     Maximizes ``(R + Σ_{top K} a_stale) · SPS(R + K)`` over every K by global search, without Algorithm 1's early
     break, so the jagged cliffs of a real SPS curve do not trap it. This is lossless only because the confidences are
     stale (e.g. two steps old): K cannot depend on the drafts being verified now. Ties keep the smaller K.
+
+    With `draft_seconds` > 0 the drafter's own time per step counts too: a step that verifies K >= 1 drafts runs at
+    ``1 / (1 / SPS(R + K) + draft_seconds)`` steps per second, while K = 0 needs no drafting at all (plain decoding at
+    ``SPS(R)``). On a GPU drafting is nearly free; on a small CPU it can cost a third of a decode step, and then a
+    weak draft is worth skipping entirely.
 
     Args:
         stale_confidences: per-request calibrated confidences from an earlier step (same forms as
@@ -249,10 +256,24 @@ def verification_capacity(stale_confidences, steps_per_second, num_requests: int
         steps_per_second: the profiled curve.
         num_requests (`int`, *optional*): R, the requests in the coming step (defaults to the stale row count, for
             when requests joined or left since).
+        draft_seconds (`float`, defaults to 0.0): wall time of one drafting pass for the step, paid only when K >= 1.
 
     Returns:
-        `int`: K, the total number of drafts to admit (0 means plain decoding for everyone).
+        `int`: K, the total number of drafts to admit (0 means plain decoding for everyone, with no drafting).
+
+    Example:
+
+    ```python
+    >>> from dspark_hf.scheduling import verification_capacity
+    >>> verification_capacity([[0.5]], {1: 10.0, 2: 9.0})  # 1.5 tokens at 9 steps/s beat 1 token at 10
+    1
+    >>> verification_capacity([[0.5]], {1: 10.0, 2: 9.0}, draft_seconds=0.05)  # not once drafting costs 50 ms
+    0
+
+    ```
     """
+    if draft_seconds < 0 or not math.isfinite(draft_seconds):
+        raise ValueError(f"draft_seconds must be a finite time >= 0, got {draft_seconds}.")
     survival = prefix_survival_probabilities(stale_confidences)
     curve = StepsPerSecondCurve.from_table(steps_per_second)
     num_requests = len(survival) if num_requests is None else int(num_requests)
@@ -266,8 +287,9 @@ def verification_capacity(stale_confidences, steps_per_second, num_requests: int
         if speed is None:
             break  # every larger K is out of the profiled range as well
         tau += a
-        if tau * speed > best:
-            best_capacity, best = capacity, tau * speed
+        rate = tau * speed if draft_seconds == 0 else tau / (1.0 / speed + draft_seconds)
+        if rate > best:
+            best_capacity, best = capacity, rate
     return best_capacity
 
 

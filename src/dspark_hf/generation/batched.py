@@ -29,14 +29,18 @@ from .stats import DSparkGenerationStats, DSparkRoundStats
 
 
 def plan_verification_width(
-    stale_confidences: list[list[float]], speed: Callable[[int], float | None], max_width: int
+    stale_confidences: list[list[float]],
+    speed: Callable[[int], float | None],
+    max_width: int,
+    draft_seconds: float = 0.0,
 ) -> int:
     """The production scheduler of spec 5.3 for a padded batch: the verification width (1 + drafts per row) that
     maximizes ``(R + Σ_r Σ_{j < width} a_stale_rj) · speed(width)``, by global search over every width.
 
     The search sees the whole jagged speed curve (a CPU's 2-3x cliff between 1 and 2 tokens defeats the early-stopping
     Algorithm 1), and stays lossless because it reads only stale confidences (earlier rounds), never this round's
-    drafts. With padding, every row verifies up to the same width at no extra cost.
+    drafts. With padding, every row verifies up to the same width at no extra cost. A width above 1 also pays
+    `draft_seconds` (the drafting pass over all rows) per step; width 1 is plain decoding without drafting.
     """
     expected = float(len(stale_confidences))
     survival = [1.0] * len(stale_confidences)
@@ -46,8 +50,11 @@ def plan_verification_width(
             survival[row] *= values[width - 2] if width - 2 < len(values) else 0.0
             expected += survival[row]
         rate = speed(width)
-        if rate is not None and expected * rate > best:
-            best_width, best = width, expected * rate
+        if rate is None:
+            continue
+        value = expected * rate if draft_seconds == 0 else expected / (1.0 / rate + draft_seconds)
+        if value > best:
+            best_width, best = width, value
     return best_width
 
 
@@ -126,10 +133,12 @@ class DSparkBatchEngine:
         steps_per_second_by_rows: Mapping[int, Mapping[int, float]] | None = None,
     ):
         self.steps_per_second_by_rows = steps_per_second_by_rows
+        self.policy: VerificationPolicy | None = None
         if drafter is not None:
             drafter.check_target(target)
             policy = policy if policy is not None else getattr(drafter, "verification_policy", None)
             self.policy = get_policy(policy)
+            self.policy.reset()
             if self.policy.requires_confidence and drafter.confidence_head is None:
                 raise ValueError(f"The {self.policy.name!r} policy needs a drafter with a confidence head.")
         self.target, self.drafter = target, drafter
@@ -246,11 +255,16 @@ class DSparkBatchEngine:
 
     def _round(self) -> list[DSparkRequest]:
         budgets = [r.max_new_tokens - len(r.output_ids) - 1 for r in self.active]  # drafts that still fit
-        if self.drafter is None:
-            lengths, draft = [0] * len(self.active), None
+        rows = len(self.active)
+        width = self._planned_width() if isinstance(self.policy, HardwareAwarePolicy) else None
+        if self.drafter is None or (width is not None and not self.policy.draft_this_round(width == 1)):
+            lengths, draft = [0] * rows, None  # plain decoding: no drafter pass this round
         else:
+            start = time.perf_counter()
             draft = self._draft(budgets)
-            lengths = self._verification_lengths(draft.confidences, budgets)
+            if width is not None:
+                self.policy.record_draft_seconds(time.perf_counter() - start, rows)
+            lengths = self._verification_lengths(draft.confidences, budgets, width)
             for request, values in zip(self.active, draft.confidences):
                 if len(values) == self.drafter.config.block_size:
                     request.last_confidences = values
@@ -273,6 +287,8 @@ class DSparkBatchEngine:
                 request.stats.rounds.append(DSparkRoundStats(
                     draft.confidences[row][: lengths[row] + 1], lengths[row], num_accepted,
                     draft_ids=draft.ids[row, : lengths[row]].tolist()))
+            elif self.drafter is not None:
+                request.stats.rounds.append(DSparkRoundStats([], 0, 0, drafted=False))
         self._advance(accepted, longest, features, positions)
         return self._commit_and_retire(committed)
 
@@ -313,12 +329,17 @@ class DSparkBatchEngine:
             return _Draft(empty, base_logits[:, :0], confidences)
         return _Draft(torch.stack(ids, dim=1), torch.stack(logits, dim=1), confidences)
 
-    def _verification_lengths(self, confidences: list[list[float]], budgets: list[int]) -> list[int]:
+    def _planned_width(self) -> int:
+        """Hardware-aware width for this round from the rows' stale confidences and the drafting cost (spec 5.3)."""
+        rows = len(self.active)
+        stale = [r.last_confidences or self._prior_confidences() for r in self.active]
+        return plan_verification_width(stale, self._speed(rows), self.drafter.config.block_size + 1,
+                                       draft_seconds=self.policy.drafting_cost(rows))
+
+    def _verification_lengths(self, confidences: list[list[float]], budgets: list[int], width: int | None) -> list[int]:
         if isinstance(self.policy, FullBlockPolicy) or not self.policy.requires_confidence:
             lengths = [self.drafter.config.block_size] * len(budgets)
-        elif isinstance(self.policy, HardwareAwarePolicy):
-            stale = [r.last_confidences or self._prior_confidences() for r in self.active]
-            width = plan_verification_width(stale, self._speed(len(budgets)), self.drafter.config.block_size + 1)
+        elif width is not None:  # hardware-aware: planned before drafting
             lengths = [width - 1] * len(budgets)
         else:
             lengths = [self._sequential_length(row) for row in confidences]

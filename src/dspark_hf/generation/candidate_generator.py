@@ -7,10 +7,14 @@ Each round (spec 3.6):
 3. sample drafts left to right with the Markov bias, asking the verification policy before each slot;
 4. return the drafts and their Markov-corrected, processor-applied logits, so that transformers' own speculative
    sampling (or greedy matching) verifies exactly the distribution the drafts were drawn from.
+
+A policy may skip the drafter for a round (`VerificationPolicy.should_draft`): the target then decodes one token and
+the new target features wait in a buffer until the next drafted round appends them to the drafter's context.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -65,6 +69,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
         self.cache = DynamicCache(config=self.config)
         self.context_length = 0  # target positions whose context K/V are in `self.cache`
+        self._deferred: list[torch.Tensor] = []  # target features of skipped rounds, not yet in `self.cache`
+        self._deferred_length = 0
         self.mask_ids = torch.full((1, self.config.block_size - 1), self.config.mask_token_id, dtype=torch.long)
         self.policy.reset()
         self.stats = DSparkGenerationStats(block_size=self.config.block_size)
@@ -84,9 +90,15 @@ class DSparkCandidateGenerator(CandidateGenerator):
         # The first call precedes the target's prefill: nothing to draft from yet, so the target decodes one token.
         if is_first_iteration:
             return input_ids, None
+        if not self.policy.should_draft():
+            self._defer_features(input_ids, model_outputs)
+            self._pending_round = DSparkRoundStats(confidences=[], verified=0, drafted=False)
+            return input_ids, None
+        start = time.perf_counter()
         hidden_states, logits = self._run_drafter(input_ids, model_outputs)
         max_drafts = min(self.config.block_size, self.max_length - input_ids.shape[1] - 1)
         draft_ids, draft_logits, confidences, raw = self._sample_drafts(input_ids, hidden_states, logits, max_drafts)
+        self.policy.record_draft_seconds(time.perf_counter() - start)
         self._pending_round = DSparkRoundStats(confidences=confidences, verified=len(draft_ids), confidence_logits=raw,
                                                draft_ids=draft_ids)
         if not draft_ids:
@@ -106,7 +118,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         Returns the block's final-normed hidden states `(block, hidden)` and base logits `(block, vocab)`.
         """
         anchor_position = input_ids.shape[1] - 1  # the anchor itself has not been through the target yet
-        features = self._new_target_features(model_outputs, anchor_position - self.context_length)
+        num_new = anchor_position - self.context_length - self._deferred_length
+        features = torch.cat(self._deferred + [self._new_target_features(model_outputs, num_new)], dim=1)
+        self._deferred, self._deferred_length = [], 0
         device = self.drafter.device
         block_ids = torch.cat([input_ids[:, -1:].cpu(), self.mask_ids], dim=-1).to(device)
         positions = torch.arange(anchor_position, anchor_position + self.config.block_size, device=device)
@@ -120,6 +134,12 @@ class DSparkCandidateGenerator(CandidateGenerator):
         )
         self.context_length = anchor_position
         return output.last_hidden_state[0], output.logits[0].float()
+
+    def _defer_features(self, input_ids: torch.LongTensor, model_outputs: Any) -> None:
+        """Keeps a skipped round's newly committed target features for the next drafted round."""
+        num_new = input_ids.shape[1] - 1 - self.context_length - self._deferred_length
+        self._deferred.append(self._new_target_features(model_outputs, num_new))
+        self._deferred_length += num_new
 
     def _new_target_features(self, model_outputs: Any, num_new: int) -> torch.Tensor:
         """`(1, num_new, m * hidden)`: the first `num_new` rows of the last target forward's selected layers.

@@ -43,6 +43,13 @@ class VerificationPolicy:
     def observe(self, confidences: Sequence[float]) -> None:
         """Receives a finished round's confidences c_1..c_B (after its verification length was fixed)."""
 
+    def should_draft(self) -> bool:
+        """Whether to run the drafter at all this round (asked before drafting, from earlier rounds only)."""
+        return True
+
+    def record_draft_seconds(self, seconds: float, rows: int = 1) -> None:
+        """Receives the wall time of a drafting pass over `rows` requests (for policies that weigh its cost)."""
+
     def should_verify(self, position: int, confidences: Sequence[float]) -> bool:
         """Whether to draft and verify slot `position` (1-based).
 
@@ -111,12 +118,24 @@ class HardwareAwarePolicy(VerificationPolicy):
       so cliffs do not trap it; being planned from stale information, it is non-anticipating. The first round of a
       generation, with nothing observed yet, uses Algorithm 1.
 
+    The planned mode also weighs the drafter's own cost: a round that verifies K >= 1 drafts takes
+    ``1 / SPS(1 + K) + draft_seconds``, a round without drafts only ``1 / SPS(1)`` and no drafting at all. When the
+    plan is 0 the drafter is not run; it probes again after 1, 2, 4, ... up to `max_idle_rounds` skipped rounds
+    (exponential backoff), and a probe round verifies by Algorithm 1 on its own confidences. So a weak drafter on
+    slow hardware costs about one probe in `max_idle_rounds` rounds instead of a draft every round. The plan, the
+    backoff and the measured drafting time carry over to the next `generate` call (`forget()` clears them).
+
     Args:
         steps_per_second (`Mapping[int, float]`, `Sequence[float]`, [`StepsPerSecondCurve`], or a path): the target's
             profiled forward steps per second by number of tokens in the verification forward (1 = plain decoding),
             or the path of a profile written by `dspark-hf profile` (a JSON file, or the drafter folder holding it).
             Sizes between profiled ones run at the next larger profiled size's speed; larger sizes are never
             verified (see `dspark_hf.scheduling`).
+        mode (`str`, defaults to `"planned"`): `"planned"` or `"algorithm1"`.
+        draft_seconds (`float`, *optional*): wall time of one drafting pass at batch size 1. By default it is
+            measured while generating (a moving average, so it follows the machine's load); 0 ignores it (the
+            paper's GPU setting).
+        max_idle_rounds (`int`, defaults to 64): the longest run of rounds without drafting between two probes.
     """
 
     name = "hardware_aware"
@@ -126,6 +145,8 @@ class HardwareAwarePolicy(VerificationPolicy):
         self,
         steps_per_second: Mapping[int, float] | Sequence[float] | StepsPerSecondCurve | str | os.PathLike,
         mode: str = "planned",
+        draft_seconds: float | None = None,
+        max_idle_rounds: int = 64,
     ):
         if isinstance(steps_per_second, (str, os.PathLike)):
             from ..profiling import load_steps_per_second  # lazy: profiling imports model loading
@@ -133,22 +154,73 @@ class HardwareAwarePolicy(VerificationPolicy):
             steps_per_second = load_steps_per_second(steps_per_second)
         if mode not in ("planned", "algorithm1"):
             raise ValueError(f"mode must be 'planned' or 'algorithm1', got {mode!r}.")
+        if draft_seconds is not None and not (math.isfinite(draft_seconds) and draft_seconds >= 0):
+            raise ValueError(f"draft_seconds must be a finite time >= 0 (or None to measure it), got {draft_seconds}.")
+        if max_idle_rounds < 1:
+            raise ValueError(f"max_idle_rounds must be >= 1, got {max_idle_rounds}.")
         self.steps_per_second = StepsPerSecondCurve.from_table(steps_per_second)
         self.mode = mode
-        self._planned_length: int | None = None
+        self.draft_seconds = draft_seconds
+        self.max_idle_rounds = max_idle_rounds
+        self._measured_seconds: dict[int, float] = {}  # rows -> moving average of a drafting pass
+        self.forget()
 
     @property
     def observes_rounds(self) -> bool:
         return self.mode == "planned"
 
     def reset(self) -> None:
+        # What was learned about this drafter on this machine outlives a generation: the measured drafting time, the
+        # last plan and the backoff (a drafter that did not pay off keeps probing rarely on the next prompt too).
+        # `forget` starts from scratch.
+        self._idle_rounds, self._probing = 0, False
+
+    def forget(self) -> None:
+        """Drops everything learned: measured drafting times, the plan and the backoff."""
+        self._measured_seconds.clear()
         self._planned_length = None
+        self._idle_rounds, self._backoff, self._probing = 0, 1, False
+
+    def record_draft_seconds(self, seconds: float, rows: int = 1) -> None:
+        previous = self._measured_seconds.get(rows)
+        self._measured_seconds[rows] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+
+    def drafting_cost(self, rows: int = 1) -> float:
+        """Seconds of one drafting pass over `rows` requests: `draft_seconds` (per row) when given, else measured
+        (at the nearest measured row count, scaled linearly), else 0."""
+        if self.draft_seconds is not None:
+            return self.draft_seconds * rows
+        if not self._measured_seconds:
+            return 0.0
+        if rows in self._measured_seconds:
+            return self._measured_seconds[rows]
+        nearest = min(self._measured_seconds, key=lambda r: abs(r - rows))
+        return self._measured_seconds[nearest] * rows / nearest
 
     def observe(self, confidences: Sequence[float]) -> None:
         # Spec 5.3: the length is planned by a global search over the whole (jagged) curve, from confidences that
         # are stale by the time they are used, so it cannot depend on the drafts it will verify.
+        self._probing = False
         if self.mode == "planned":
-            self._planned_length = verification_capacity([list(confidences)], self.steps_per_second)
+            self._planned_length = verification_capacity(
+                [list(confidences)], self.steps_per_second, draft_seconds=self.drafting_cost(1)
+            )
+
+    def should_draft(self) -> bool:
+        return self.draft_this_round(self.mode == "planned" and self._planned_length == 0)
+
+    def draft_this_round(self, nothing_planned: bool) -> bool:
+        """Exponential backoff of drafting while the plan verifies nothing: after a probe that still plans 0, skip
+        1, 2, 4, ... `max_idle_rounds` rounds before the next probe; any plan above 0 drafts every round again."""
+        if not nothing_planned:
+            self._idle_rounds, self._backoff = 0, 1
+            return True
+        if self._idle_rounds < self._backoff:
+            self._idle_rounds += 1
+            return False
+        self._idle_rounds, self._backoff = 0, min(2 * self._backoff, self.max_idle_rounds)
+        self._probing = True
+        return True
 
     @classmethod
     def from_profile(cls, path: str | os.PathLike) -> "HardwareAwarePolicy":
@@ -156,14 +228,15 @@ class HardwareAwarePolicy(VerificationPolicy):
         return cls(Path(path))
 
     def should_verify(self, position: int, confidences: Sequence[float]) -> bool:
-        if self.mode == "planned" and self._planned_length is not None:
+        if self.mode == "planned" and self._planned_length is not None and not self._probing:
             return position <= self._planned_length
         # Algorithm 1 on this round's confidences (also the planned mode's first round, before any observation)
         return schedule_verification_lengths([confidences[:position]], self.steps_per_second)[0] >= position
 
     def __repr__(self) -> str:
         table = dict(zip(self.steps_per_second.sizes, self.steps_per_second.speeds))
-        return f"HardwareAwarePolicy(steps_per_second={table}, mode={self.mode!r})"
+        return (f"HardwareAwarePolicy(steps_per_second={table}, mode={self.mode!r}, draft_seconds={self.draft_seconds!r}, "
+                f"max_idle_rounds={self.max_idle_rounds})")
 
 
 POLICIES = {cls.name: cls for cls in (FullBlockPolicy, ThresholdPolicy, HardwareAwarePolicy)}

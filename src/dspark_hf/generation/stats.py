@@ -16,6 +16,8 @@ class DSparkRoundStats:
         confidence_logits: raw (uncalibrated) confidence logits z_k matching `confidences` (for calibration).
         draft_ids: the verified drafts (tells an accepted EOS, which transformers counts as not accepted, from a
             rejection).
+        drafted: `False` for a round where the policy skipped the drafter (plain decoding: no drafts, no
+            confidences).
     """
 
     confidences: list[float]
@@ -23,6 +25,7 @@ class DSparkRoundStats:
     accepted: int = 0
     confidence_logits: list[float] = field(default_factory=list)
     draft_ids: list[int] = field(default_factory=list)
+    drafted: bool = True
 
 
 @dataclass
@@ -35,6 +38,11 @@ class DSparkGenerationStats:
     @property
     def num_rounds(self) -> int:
         return len(self.rounds)
+
+    @property
+    def skipped_rounds(self) -> int:
+        """Rounds decoded without running the drafter (the policy judged drafting not worth its cost)."""
+        return sum(not r.drafted for r in self.rounds)
 
     @property
     def drafted(self) -> int:
@@ -74,6 +82,7 @@ class DSparkGenerationStats:
     def summary(self) -> dict:
         return {
             "rounds": self.num_rounds,
+            "skipped_rounds": self.skipped_rounds,
             "drafted": self.drafted,
             "verified": self.verified,
             "accepted": self.accepted,
