@@ -8,6 +8,7 @@ Module tree and tensor names follow the official checkpoint layout (spec section
 
 from __future__ import annotations
 
+import logging as stdlib_logging
 from dataclasses import dataclass
 
 import torch
@@ -202,6 +203,13 @@ class DSparkConfidenceHead(nn.Module):
         return self.proj(features).squeeze(-1).float()
 
 
+class _DropLoadReport(stdlib_logging.Filter):
+    """Drops transformers' state-dict load report (our `from_pretrained` raises on every real mismatch itself)."""
+
+    def filter(self, record: stdlib_logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+
 @dataclass
 class DSparkDrafterOutput(ModelOutput):
     """
@@ -309,9 +317,19 @@ class DSparkDrafter(DSparkPreTrainedModel):
                 checkpoint saved without them (see [`DSparkDrafter.save_compact`]).
         """
         output_loading_info = kwargs.pop("output_loading_info", False)
-        model, info = super().from_pretrained(
-            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-        )
+        # transformers' load report would call the vocabulary tensors of a compact checkpoint "newly initialized";
+        # they are bound from the target below, and every real mismatch raises here, so the report stays quiet.
+        report_logger = logging.get_logger("transformers.modeling_utils")
+        quiet = _DropLoadReport() if target is not None else None
+        if quiet is not None:
+            report_logger.addFilter(quiet)
+        try:
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
+        finally:
+            if quiet is not None:
+                report_logger.removeFilter(quiet)
         missing = set(map(str, info.get("missing_keys") or ()))
         if missing and missing <= set(VOCABULARY_TENSORS):
             if target is None:
