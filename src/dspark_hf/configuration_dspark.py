@@ -8,6 +8,7 @@ parses exactly that JSON and writes it back, so DeepSpec, vLLM and SGLang load w
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
@@ -25,8 +26,61 @@ DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "DSparkDraftModel")
 _TARGET_ONLY_KEYS = ("architectures", "auto_map", "quantization_config", "_name_or_path", "torch_dtype", "dtype")
 
 
+@dataclass(kw_only=True)
+class DSparkKeys:
+    """The DSpark keys of every drafter config (spec section 1), shared by [`DSparkConfig`] and the Gemma4 variant;
+    documented in [`DSparkConfig`]. A dataclass mixin, so each config stays one strict, flat dataclass."""
+
+    block_size: int = 7
+    mask_token_id: int | None = None
+    target_layer_ids: list[int] | None = None
+    num_target_layers: int | None = None
+    num_anchors: int = 512
+    markov_rank: int = 64
+    markov_head_type: str = "vanilla"
+    enable_confidence_head: bool = True
+    confidence_head_with_markov: bool = True
+    confidence_temperatures: list[float] | None = None
+    target_model_type: str | None = None
+
+    def validate_dspark(self) -> None:
+        """Raises `ValueError` naming the offending value when the DSpark keys are inconsistent."""
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
+        if self.mask_token_id is None or not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(
+                f"mask_token_id must be an id in [0, vocab_size={self.vocab_size}), got {self.mask_token_id}. "
+                "Use an unused (reserved or special) token of the target's vocabulary."
+            )
+        ids = self.target_layer_ids
+        if len(ids) == 0 or any(b <= a for a, b in zip(ids, ids[1:])):
+            raise ValueError(f"target_layer_ids must be a non-empty, strictly increasing list, got {ids}.")
+        if ids[0] < -1:
+            raise ValueError(f"target_layer_ids must be >= -1 (-1 is the embedding output), got {ids}.")
+        if self.num_target_layers is not None and ids[-1] >= self.num_target_layers - 1:
+            raise ValueError(
+                f"target_layer_ids={ids} includes layer {ids[-1]}, but the target has {self.num_target_layers} layers "
+                f"and its last layer ({self.num_target_layers - 1}) cannot be used: transformers returns it after the "
+                f"final norm. Pick ids <= {self.num_target_layers - 2}."
+            )
+        if self.markov_rank < 0:
+            raise ValueError(f"markov_rank must be >= 0 (0 disables the Markov head), got {self.markov_rank}.")
+        if self.markov_head_type not in MARKOV_HEAD_TYPES:
+            raise ValueError(f"markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {self.markov_head_type!r}.")
+        temps = self.confidence_temperatures
+        if temps is not None and (len(temps) != self.block_size or any(t <= 0 for t in temps)):
+            raise ValueError(
+                f"confidence_temperatures must hold block_size={self.block_size} positive values, got {temps}."
+            )
+
+    @property
+    def num_context_features(self) -> int:
+        """Width of the concatenated target features, ``len(target_layer_ids) * hidden_size``."""
+        return len(self.target_layer_ids) * self.hidden_size
+
+
 @strict
-class DSparkConfig(Qwen3Config):
+class DSparkConfig(DSparkKeys, Qwen3Config):
     r"""
     Configuration of a [`DSparkDrafter`]. It is a Qwen3 configuration (the draft layers are Qwen3 layers) plus the
     DSpark keys of the official checkpoint layout. On disk it is written with ``model_type: "qwen3"`` and
@@ -70,18 +124,6 @@ class DSparkConfig(Qwen3Config):
 
     model_type = "dspark"
 
-    block_size: int = 7
-    mask_token_id: int | None = None
-    target_layer_ids: list[int] | None = None
-    num_target_layers: int | None = None
-    num_anchors: int = 512
-    markov_rank: int = 64
-    markov_head_type: str = "vanilla"
-    enable_confidence_head: bool = True
-    confidence_head_with_markov: bool = True
-    confidence_temperatures: list[float] | None = None
-    target_model_type: str | None = None
-
     def __post_init__(self, **kwargs):
         # Draft layers see context and block bidirectionally: a sliding-window layer would make vLLM build a causal
         # SWA layer (spec section 1), so every layer is full attention whatever the target uses.
@@ -92,41 +134,6 @@ class DSparkConfig(Qwen3Config):
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         super().__post_init__(**kwargs)
         self.validate_dspark()
-
-    def validate_dspark(self) -> None:
-        """Raises `ValueError` naming the offending value when the DSpark keys are inconsistent."""
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}.")
-        if self.mask_token_id is None or not 0 <= self.mask_token_id < self.vocab_size:
-            raise ValueError(
-                f"mask_token_id must be an id in [0, vocab_size={self.vocab_size}), got {self.mask_token_id}. "
-                "Use an unused (reserved or special) token of the target's vocabulary."
-            )
-        ids = self.target_layer_ids
-        if len(ids) == 0 or any(b <= a for a, b in zip(ids, ids[1:])):
-            raise ValueError(f"target_layer_ids must be a non-empty, strictly increasing list, got {ids}.")
-        if ids[0] < -1:
-            raise ValueError(f"target_layer_ids must be >= -1 (-1 is the embedding output), got {ids}.")
-        if self.num_target_layers is not None and ids[-1] >= self.num_target_layers - 1:
-            raise ValueError(
-                f"target_layer_ids={ids} includes layer {ids[-1]}, but the target has {self.num_target_layers} layers "
-                f"and its last layer ({self.num_target_layers - 1}) cannot be used: transformers returns it after the "
-                f"final norm. Pick ids <= {self.num_target_layers - 2}."
-            )
-        if self.markov_rank < 0:
-            raise ValueError(f"markov_rank must be >= 0 (0 disables the Markov head), got {self.markov_rank}.")
-        if self.markov_head_type not in MARKOV_HEAD_TYPES:
-            raise ValueError(f"markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {self.markov_head_type!r}.")
-        temps = self.confidence_temperatures
-        if temps is not None and (len(temps) != self.block_size or any(t <= 0 for t in temps)):
-            raise ValueError(
-                f"confidence_temperatures must hold block_size={self.block_size} positive values, got {temps}."
-            )
-
-    @property
-    def num_context_features(self) -> int:
-        """Width of the concatenated target features, ``len(target_layer_ids) * hidden_size``."""
-        return len(self.target_layer_ids) * self.hidden_size
 
     @classmethod
     def from_target_config(cls, target_config: PreTrainedConfig, **kwargs) -> "DSparkConfig":
@@ -229,4 +236,4 @@ def default_target_layer_ids(num_target_layers: int, num_features: int = 5) -> l
     return sorted({round(first + i * step) for i in range(count)})
 
 
-__all__ = ["DSparkConfig", "DSPARK_ARCHITECTURES", "default_target_layer_ids"]
+__all__ = ["DSparkConfig", "DSparkKeys", "DSPARK_ARCHITECTURES", "default_target_layer_ids"]

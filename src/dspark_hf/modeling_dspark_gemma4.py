@@ -36,7 +36,7 @@ from transformers.models.gemma4.modeling_gemma4 import (
 )
 from transformers.utils import logging
 
-from .configuration_dspark import _TARGET_ONLY_KEYS, DSparkConfig, default_target_layer_ids
+from .configuration_dspark import _TARGET_ONLY_KEYS, DSparkKeys, default_target_layer_ids
 from .modeling_dspark import (
     DSparkConfidenceHead,
     DSparkDrafter,
@@ -54,7 +54,7 @@ GEMMA4_MODEL_TYPE = "gemma4_text"
 
 
 @strict
-class DSparkGemma4Config(Gemma4TextConfig):
+class DSparkGemma4Config(DSparkKeys, Gemma4TextConfig):
     r"""
     Configuration of a [`DSparkGemma4Drafter`]: the target's Gemma4 text configuration plus the DSpark keys (same
     meaning and validation as in [`DSparkConfig`]). On disk it is written exactly like DeepSpec's release:
@@ -84,17 +84,6 @@ class DSparkGemma4Config(Gemma4TextConfig):
 
     model_type = "dspark_gemma4"
 
-    block_size: int = 7
-    mask_token_id: int | None = None
-    target_layer_ids: list[int] | None = None
-    num_target_layers: int | None = None
-    num_anchors: int = 512
-    markov_rank: int = 64
-    markov_head_type: str = "vanilla"
-    enable_confidence_head: bool = True
-    confidence_head_with_markov: bool = True
-    confidence_temperatures: list[float] | None = None
-    target_model_type: str | None = None
     target_text_model_type: str | None = None
     global_head_dim: int = 512
     num_global_key_value_heads: int | None = None
@@ -110,9 +99,6 @@ class DSparkGemma4Config(Gemma4TextConfig):
         )
         self.validate_dspark()
         self.validate_gemma4()
-
-    validate_dspark = DSparkConfig.validate_dspark
-    num_context_features = DSparkConfig.num_context_features
 
     @property
     def kv_sharing_modes(self) -> list[str | None]:
