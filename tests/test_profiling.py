@@ -132,3 +132,20 @@ def test_profile_command(tmp_path):
     assert profile["metadata"]["command"][:2] == ["dspark-hf", "profile"]
     assert profile["settings"]["forward_kwargs"] == {"output_hidden_states": [1, 3]}  # as DSpark verifies
     assert sorted(load_steps_per_second(drafter_dir)) == [1, 2, 3]
+
+
+def test_a_profile_from_another_machine_warns_once(tmp_path, monkeypatch):
+    import dspark_hf.profiling as profiling
+
+    warnings = []
+    monkeypatch.setattr(profiling.logger, "warning", lambda message: warnings.append(message))
+    here = profiling.machine_metadata("cpu")
+    table = {"1": 10.0, "2": 6.0}
+    for name, metadata in (("same", here), ("other", {**here, "cpu_count": here["cpu_count"] + 64})):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"format": profiling.PROFILE_FORMAT, "by_batch_size": {"1": table},
+                                    "metadata": metadata}))
+        for _ in range(2):
+            assert profiling.load_steps_per_second(path) == {1: 10.0, 2: 6.0}
+    assert len(warnings) == 1 and "other.json" in warnings[0] and "cpu_count" in warnings[0]
+    assert "dspark-hf profile" in warnings[0]

@@ -196,6 +196,33 @@ def save_profile(profile: dict, path: str | os.PathLike) -> Path:
     return path
 
 
+_WARNED_PROFILES: set[str] = set()
+
+
+def profile_mismatches(metadata: dict) -> list[str]:
+    """How the machine a profile was measured on differs from this one (processor, cores, threads, GPU)."""
+    here = machine_metadata("cuda" if metadata.get("device", "cpu").startswith("cuda") and torch.cuda.is_available()
+                            else "cpu")
+    keys = ["device_name", "cpu_count"]
+    if not metadata.get("device", "cpu").startswith("cuda"):
+        keys.append("torch_num_threads")  # CPU speed scales with the threads torch uses
+    return [f"{key} {metadata[key]!r} there, {here[key]!r} here" for key in keys
+            if key in metadata and metadata[key] != here[key]]
+
+
+def warn_if_profiled_elsewhere(metadata: dict, path: str | os.PathLike) -> None:
+    """Warns (once per file) when a profile was measured on another kind of machine: its speeds, and so the
+    hardware-aware schedule, may not hold here. Output stays lossless either way; only the speed is at stake."""
+    differences = profile_mismatches(metadata)
+    if differences and str(path) not in _WARNED_PROFILES:
+        _WARNED_PROFILES.add(str(path))
+        logger.warning(
+            f"The steps-per-second profile {path} was measured on another machine ({'; '.join(differences)}). "
+            "The hardware-aware policy will schedule for that machine's speeds; profile this one with "
+            "`dspark-hf profile --drafter DRAFTER_DIR` (about a minute on a CPU)."
+        )
+
+
 def load_steps_per_second(path: str | os.PathLike, batch_size: int = 1) -> dict[int, float]:
     """The ``{num_tokens: steps_per_second}`` table of a saved profile, for forwards of `batch_size` rows.
 
@@ -220,6 +247,7 @@ def load_steps_per_second(path: str | os.PathLike, batch_size: int = 1) -> dict[
             raise ValueError(
                 f"{path} is neither a `dspark-hf profile` file nor a {{num_tokens: steps/s}} table."
             ) from None
+    warn_if_profiled_elsewhere(data.get("metadata") or {}, path)
     tables = data["by_batch_size"]
     if str(batch_size) not in tables:
         raise ValueError(
