@@ -183,6 +183,18 @@ def test_unavailable_policies_are_skipped_with_a_reason():
     assert "not available" in skipped["dspark_nonexistent"]
 
 
+def test_fixed_length_policies_by_spec():
+    target = make_target()
+    drafter = make_drafter(target)
+    methods, skipped = build_methods(drafter=drafter, policies=["fixed:1", "fixed:3"], prompt_lookup_num_tokens=None)
+    assert not skipped
+    assert [(m.name, m.policy.length) for m in methods[1:]] == [("dspark_fixed1", 1), ("dspark_fixed3", 3)]
+    with pytest.raises(ValueError, match="fixed:K"):
+        build_methods(drafter=drafter, policies=["fixed"], prompt_lookup_num_tokens=None)
+    with pytest.raises(ValueError, match="only fixed:K"):
+        build_methods(drafter=drafter, policies=["full:2"], prompt_lookup_num_tokens=None)
+
+
 def test_steps_per_second_profile_layouts(tmp_path):
     expected = {1: 10.0, 2: 4.0}
     for data in ({"1": 10.0, "2": 4.0}, [10.0, 4.0]):

@@ -71,7 +71,10 @@ def test_policies_only_read_confidences_up_to_the_slot(name):
 
 
 def test_policies_by_name():
-    assert sorted(POLICIES) == ["full", "hardware_aware", "threshold"]
+    assert sorted(POLICIES) == ["fixed", "full", "hardware_aware", "threshold"]
+    assert get_policy("fixed", length=2).verification_length([0.0] * 7) == 2
+    with pytest.raises(ValueError, match="length must be >= 1"):
+        get_policy("fixed", length=0)
     assert isinstance(get_policy(None), FullBlockPolicy)
     assert get_policy("threshold", threshold=0.2).threshold == 0.2
     policy = get_policy("hardware_aware", steps_per_second=STEPS_PER_SECOND)
@@ -105,6 +108,18 @@ def _sharp_drafter(target, **kwargs):
     drafter = make_drafter(target, **kwargs)
     drafter.config.confidence_temperatures = [SHARP_TEMPERATURES] * drafter.config.block_size
     return drafter
+
+
+def test_fixed_length_policy_verifies_that_many_drafts(single_thread):
+    from dspark_hf.generation.policies import FixedLengthPolicy
+
+    target = make_target("llama", vocab_size=16)
+    drafter = make_drafter(target, block_size=4)
+    drafter.verification_policy = FixedLengthPolicy(2)
+    input_ids = torch.tensor([[1, 5, 7, 3]])
+    output = target.generate(input_ids, assistant_model=drafter, do_sample=False, max_new_tokens=30, pad_token_id=0)
+    assert torch.equal(output, target.generate(input_ids, do_sample=False, max_new_tokens=30, pad_token_id=0))
+    assert {r.verified for r in drafter.generation_stats.rounds[:-1]} == {2}
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

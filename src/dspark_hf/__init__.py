@@ -11,6 +11,7 @@ from .configuration_dspark import DSparkConfig
 from .generation import (
     DSparkCandidateGenerator,
     DSparkGenerationStats,
+    FixedLengthPolicy,
     FullBlockPolicy,
     HardwareAwarePolicy,
     ThresholdPolicy,
@@ -48,6 +49,7 @@ __all__ = [
     "DSparkGenerationStats",
     "VerificationPolicy",
     "FullBlockPolicy",
+    "FixedLengthPolicy",
     "ThresholdPolicy",
     "HardwareAwarePolicy",
     "get_policy",

@@ -158,13 +158,27 @@ def build_methods(
         if dflash_drafter.config.markov_rank:
             logger.warning(f"The --dflash-drafter has markov_rank={dflash_drafter.config.markov_rank}; the DFlash "
                            "ablation is meant to be a drafter trained with markov_rank=0.")
-    for name in policies if drafter is not None else ():
-        policy, reason = resolve_policy(name, drafter, (policy_kwargs or {}).get(name, {}))
+    for spec in policies if drafter is not None else ():
+        name, kwargs, label = _parse_policy_spec(spec, policy_kwargs or {})
+        policy, reason = resolve_policy(name, drafter, kwargs)
         if policy is None:
-            skipped[f"dspark_{name}"] = reason
+            skipped[f"dspark_{label}"] = reason
         else:
-            methods.append(_dspark_method(f"dspark_{name}", drafter, policy))
+            methods.append(_dspark_method(f"dspark_{label}", drafter, policy))
     return methods, skipped
+
+
+def _parse_policy_spec(spec: str, policy_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict, str]:
+    """`"fixed:3"` -> `("fixed", {"length": 3}, "fixed3")`; any other name -> its kwargs from `policy_kwargs`."""
+    name, _, argument = spec.partition(":")
+    kwargs = dict(policy_kwargs.get(name, {}))
+    if name == "fixed":
+        if not argument.isdigit():
+            raise ValueError(f"Policy {spec!r}: write fixed:K with K drafts per round, e.g. fixed:2.")
+        return name, {**kwargs, "length": int(argument)}, f"fixed{argument}"
+    if argument:
+        raise ValueError(f"Policy {spec!r}: only fixed:K takes an argument ({name!r} reads its flags).")
+    return name, kwargs, name
 
 
 def _dspark_method(name: str, drafter: DSparkDrafter, policy: policy_module.VerificationPolicy) -> BenchMethod:

@@ -1,6 +1,7 @@
 from .candidate_generator import DSparkCandidateGenerator
 from .policies import (
     POLICIES,
+    FixedLengthPolicy,
     FullBlockPolicy,
     HardwareAwarePolicy,
     ThresholdPolicy,
@@ -16,6 +17,7 @@ __all__ = [
     "DSparkRoundStats",
     "VerificationPolicy",
     "FullBlockPolicy",
+    "FixedLengthPolicy",
     "ThresholdPolicy",
     "HardwareAwarePolicy",
     "POLICIES",

@@ -82,6 +82,25 @@ class FullBlockPolicy(VerificationPolicy):
         return True
 
 
+class FixedLengthPolicy(VerificationPolicy):
+    """Verify the first `length` drafts of every block (a fixed, shorter block; the baseline a hardware-aware policy
+    must beat: the best fixed length chosen in hindsight).
+
+    Args:
+        length (`int`): drafts verified per round, >= 1 (longer than the block means the whole block).
+    """
+
+    name = "fixed"
+
+    def __init__(self, length: int):
+        if int(length) < 1:
+            raise ValueError(f"length must be >= 1 (use target-only decoding for 0), got {length}.")
+        self.length = int(length)
+
+    def should_verify(self, position: int, confidences: Sequence[float]) -> bool:
+        return position <= self.length
+
+
 class ThresholdPolicy(VerificationPolicy):
     """Static threshold (DeepSpec's evaluator, spec 3.9): stop at the first slot whose calibrated confidence c_k is
     below `threshold`, or, with `cumulative=True`, whose prefix survival probability ``a_k = Π_{i<=k} c_i`` is.
@@ -239,11 +258,12 @@ class HardwareAwarePolicy(VerificationPolicy):
                 f"max_idle_rounds={self.max_idle_rounds})")
 
 
-POLICIES = {cls.name: cls for cls in (FullBlockPolicy, ThresholdPolicy, HardwareAwarePolicy)}
+POLICIES = {cls.name: cls for cls in (FullBlockPolicy, FixedLengthPolicy, ThresholdPolicy, HardwareAwarePolicy)}
 
 
 def get_policy(policy: str | VerificationPolicy | None, **kwargs) -> VerificationPolicy:
-    """A policy from its name (`"full"`, `"threshold"`, `"hardware_aware"`) and arguments, or the object itself.
+    """A policy from its name (`"full"`, `"fixed"`, `"threshold"`, `"hardware_aware"`) and arguments, or the object
+    itself.
 
     `"hardware_aware"` needs `steps_per_second=` (a table, or the path of a saved profile).
     """
