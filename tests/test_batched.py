@@ -191,3 +191,16 @@ def test_bench_load_closed_loop_counts_every_request():
         row = run_level(engine, [[5, 6, 7], [8, 9]], concurrency=3, num_requests=7, max_new_tokens=6)
         assert row["requests"] == 7 and row["tokens"] == 7 * 6
         assert row["throughput_tok_s"] > 0 and row["tau"] >= 1.0
+
+
+def test_bench_load_pools_passes_by_totals():
+    from dspark_hf.benchmarks.bench_load import pool_passes
+
+    a = {"concurrency": 4, "requests": 8, "tokens": 400, "seconds": 10.0, "throughput_tok_s": 40.0,
+         "per_request_tok_s": 10.0, "tau": 2.0, "mean_verified": 3.0, "rounds": 100, "skipped_rounds": 10}
+    b = {**a, "tokens": 400, "seconds": 30.0, "throughput_tok_s": 400 / 30.0, "per_request_tok_s": 4.0, "tau": 1.0,
+         "rounds": 300, "skipped_rounds": 0, "mean_verified": 1.0}
+    row = pool_passes([a, b])
+    assert row["throughput_tok_s"] == 20.0  # 800 tokens in 40 s, not the mean of the two rates
+    assert row["per_request_tok_s"] == 7.0 and row["tau"] == 1.25 and row["mean_verified"] == 1.5
+    assert row["passes"] == 2 and row["skipped_rounds"] == 10 and row["pass_throughputs_tok_s"][0] == 40.0
