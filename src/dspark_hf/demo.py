@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 from transformers import TextStreamer
 
-from .generation.policies import get_policy
+from .generation.policies import HardwareAwarePolicy, get_policy
 from .modeling_dspark import DSparkDrafter
 from .models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, load_target
+from .profiling import PROFILE_FILE_NAME
 
 
 DEMO_PROMPTS = [
@@ -32,22 +34,43 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--drafter", default=None,
                         help="drafter path or repo id (default: the drafter shipped for the embedded target)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--policy", default=None, help="verification policy: full, threshold (default: drafter's)")
+    parser.add_argument("--policy", default=None,
+                        help="verification policy: hardware_aware, full, threshold, fixed (default: hardware_aware "
+                             "when the drafter folder has a speed profile, else full)")
+    parser.add_argument("--length", type=int, default=None, help="drafts per round for --policy fixed")
     parser.add_argument("--threshold", type=float, default=None, help="confidence threshold for --policy threshold")
     parser.add_argument("--no-stream", action="store_true", help="do not stream the DSpark text")
     parser.add_argument("--prompt", action="append", default=None, help="your own prompt(s) instead of the demo set")
     return parser.parse_args(argv)
 
 
-def _load_drafter(args: argparse.Namespace, target) -> DSparkDrafter:
-    if args.drafter is not None:
-        return DSparkDrafter.from_pretrained(args.drafter, target=target, dtype=target.dtype).eval()
-    path = EMBEDDED_DRAFTERS.get(args.target)
-    if path is not None and (path / "config.json").exists():
-        return DSparkDrafter.from_pretrained(path, target=target, dtype=target.dtype).eval()
+def _load_drafter(args: argparse.Namespace, target) -> tuple[DSparkDrafter, Path | None]:
+    """The drafter and the folder it came from (where its speed profile may sit)."""
+    path = Path(args.drafter) if args.drafter is not None else EMBEDDED_DRAFTERS.get(args.target)
+    if args.drafter is not None or (path is not None and (path / "config.json").exists()):
+        drafter = DSparkDrafter.from_pretrained(str(path), target=target, dtype=target.dtype).eval()
+        return drafter, path if path.is_dir() else None
     print(f"[demo] no trained drafter ships for {args.target!r}: using an UNTRAINED one "
           "(output is still identical; expect no speed-up). Pass --drafter PATH for a trained one.")
-    return DSparkDrafter.from_target(target).eval()
+    return DSparkDrafter.from_target(target).eval(), None
+
+
+def _policy(args: argparse.Namespace, drafter_dir: Path | None):
+    """`--policy`, else the hardware-aware policy on the drafter's profile, else full-block verification."""
+    name = args.policy
+    has_profile = drafter_dir is not None and (drafter_dir / PROFILE_FILE_NAME).is_file()
+    if name is None:
+        name = "hardware_aware" if has_profile else "full"
+    if name == "hardware_aware":
+        if not has_profile:
+            raise SystemExit("[demo] --policy hardware_aware needs a speed profile in the drafter folder: run "
+                             "`dspark-hf profile --drafter DRAFTER_DIR` first.")
+        return HardwareAwarePolicy.from_profile(drafter_dir)
+    if name == "threshold" and args.threshold is not None:
+        return get_policy(name, threshold=args.threshold)
+    if name == "fixed":
+        return get_policy(name, length=args.length or 2)
+    return get_policy(name)
 
 
 def _timed_generate(target, inputs, **kwargs) -> tuple[torch.Tensor, float]:
@@ -61,10 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     print(f"[demo] loading target {args.target} (the first run converts the packaged GGUF once)...")
     target, tokenizer = load_target(args.target)
-    drafter = _load_drafter(args, target)
-    if args.policy is not None:
-        kwargs = {"threshold": args.threshold} if args.threshold is not None else {}
-        drafter.verification_policy = get_policy(args.policy, **kwargs)
+    drafter, drafter_dir = _load_drafter(args, target)
+    drafter.verification_policy = _policy(args, drafter_dir)
+    print(f"[demo] verification policy: {drafter.verification_policy.name}")
     prompts = [("yours", p) for p in args.prompt] if args.prompt else DEMO_PROMPTS
     gen = dict(max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id)
 
@@ -91,8 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((kind, new, new / slow_s, new / fast_s, slow_s / fast_s, stats.tau, identical))
         if args.no_stream:
             print(tokenizer.decode(fast[0, prompt_len:], skip_special_tokens=True))
-        print(f"--- identical to target-only: {identical}; verified per round: "
-              f"{[r.verified for r in stats.rounds]}; accepted per round: {stats.accept_lengths}")
+        drafted = [r for r in stats.rounds if r.drafted]
+        print(f"--- identical to target-only: {identical}; {stats.num_rounds} rounds, {stats.skipped_rounds} without "
+              f"the drafter (not worth its cost here); drafted rounds: verified {[r.verified for r in drafted]}, "
+              f"accepted {[r.accepted for r in drafted]}")
 
     print("\n| prompt | new tokens | target-only tok/s | DSpark tok/s | speed-up | tau | identical |")
     print("|---|---|---|---|---|---|---|")
