@@ -121,6 +121,16 @@ def test_batched_sampling_runs_and_respects_lengths():
     assert out.shape == (2, ids.shape[1] + 12)
 
 
+def _run_and_compare_with_solo(engine, max_new_tokens):
+    """Runs four mixed-length prompts together; each row must equal the target's solo greedy output."""
+    prompts = [[5, 6, 7], [9, 10, 11, 12], [20], [30, 31]]
+    requests = [engine.add_request(p, max_new_tokens) for p in prompts]
+    engine.run()
+    for prompt, request in zip(prompts, requests):
+        assert request.output_ids == solo(engine.target, prompt, max_new_tokens, eos_token_id=None)
+    return requests
+
+
 @pytest.mark.parametrize("policy", ["threshold", "hardware_aware"])
 def test_batched_policies_stay_lossless(policy):
     from dspark_hf.generation.policies import HardwareAwarePolicy, ThresholdPolicy
@@ -129,12 +139,7 @@ def test_batched_policies_stay_lossless(policy):
     drafter = make_drafter(target, block_size=4)
     chosen = (ThresholdPolicy(0.5) if policy == "threshold"
               else HardwareAwarePolicy({1: 10.0, 2: 9.0, 3: 8.5, 5: 8.0}, draft_seconds=0.0))
-    engine = DSparkBatchEngine(target, drafter, policy=chosen, pad_token_id=0)
-    prompts = [[5, 6, 7], [9, 10, 11, 12], [20], [30, 31]]
-    requests = [engine.add_request(p, 13) for p in prompts]
-    engine.run()
-    for prompt, request in zip(prompts, requests):
-        assert request.output_ids == solo(target, prompt, 13, eos_token_id=None)
+    requests = _run_and_compare_with_solo(DSparkBatchEngine(target, drafter, policy=chosen, pad_token_id=0), 13)
     verified = {r.verified for request in requests for r in request.stats.rounds}
     assert len(verified) > 1 or verified != {drafter.config.block_size}  # the policy really cut drafts
 
@@ -149,12 +154,7 @@ def test_batched_hardware_aware_skips_a_costly_drafter_and_stays_lossless():
     drafter.register_forward_pre_hook(lambda module, args: calls.append(1))
     # drafting costs 0.1 decode step per row: only confident rows are worth it
     policy = HardwareAwarePolicy({1: 10.0, 2: 9.0, 3: 8.5, 5: 8.0}, draft_seconds=0.01, max_idle_rounds=2)
-    engine = DSparkBatchEngine(target, drafter, policy=policy, pad_token_id=0)
-    prompts = [[5, 6, 7], [9, 10, 11, 12], [20], [30, 31]]
-    requests = [engine.add_request(p, 20) for p in prompts]
-    engine.run()
-    for prompt, request in zip(prompts, requests):
-        assert request.output_ids == solo(target, prompt, 20, eos_token_id=None)
+    requests = _run_and_compare_with_solo(DSparkBatchEngine(target, drafter, policy=policy, pad_token_id=0), 20)
     rounds = requests[0].stats.rounds
     skipped = sum(not r.drafted for r in rounds)
     assert 0 < skipped < len(rounds)

@@ -12,6 +12,12 @@ from conftest import make_drafter, make_target
 def test_context_features_match_a_full_target_forward(arch):
     target = make_target(arch, seed=7)
     drafter = make_drafter(target, block_size=3, target_layer_ids=[-1, 1, 2])
+    _generate_and_check_context(target, drafter, torch.tensor([[3, 14, 15, 9, 26]]), max_new_tokens=20)
+
+
+def _generate_and_check_context(target, drafter, prompt, max_new_tokens):
+    """Generates while recording the context features the drafter receives; checks that every position before the
+    last round's anchor arrives exactly once, in order, equal to a full target forward's hidden states there."""
     seen_features, seen_positions = [], []
 
     def record(module, args, kwargs):
@@ -20,19 +26,17 @@ def test_context_features_match_a_full_target_forward(arch):
 
     handle = drafter.register_forward_pre_hook(record, with_kwargs=True)
     try:
-        out = target.generate(torch.tensor([[3, 14, 15, 9, 26]]), assistant_model=drafter, do_sample=False,
-                              max_new_tokens=20)
+        out = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens)
     finally:
         handle.remove()
-
     features = torch.cat(seen_features, dim=1)[0]
     positions = torch.cat(seen_positions, dim=1)[0]
-    # Every position before the last round's anchor, exactly once and in order.
     assert positions.tolist() == list(range(positions.shape[0]))
     with torch.no_grad():
         reference = target(out, output_hidden_states=True).hidden_states
     expected = torch.cat([reference[i + 1][0] for i in drafter.config.target_layer_ids], dim=-1)
     torch.testing.assert_close(features, expected[: features.shape[0]], rtol=1e-4, atol=1e-5)
+    return out, len(seen_features)
 
 
 def test_drafter_cache_holds_one_entry_per_committed_position(target, drafter):
@@ -75,25 +79,8 @@ def test_context_is_complete_after_rounds_without_drafting():
     target = make_target("llama", seed=3)
     drafter = make_drafter(target, block_size=3, target_layer_ids=[0, 2])
     drafter.verification_policy = EveryThirdRound()
-    seen_features, seen_positions = [], []
-
-    def record(module, args, kwargs):
-        seen_features.append(kwargs["target_hidden_states"])
-        seen_positions.append(kwargs["context_position_ids"])
-
-    handle = drafter.register_forward_pre_hook(record, with_kwargs=True)
-    try:
-        prompt = torch.tensor([[3, 14, 15, 9, 26]])
-        out = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=24)
-    finally:
-        handle.remove()
+    prompt = torch.tensor([[3, 14, 15, 9, 26]])
+    out, drafter_calls = _generate_and_check_context(target, drafter, prompt, max_new_tokens=24)
     assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=24))
     stats = drafter.generation_stats
-    assert stats.skipped_rounds >= 4 and len(seen_features) == stats.num_rounds - stats.skipped_rounds
-    features = torch.cat(seen_features, dim=1)[0]
-    positions = torch.cat(seen_positions, dim=1)[0]
-    assert positions.tolist() == list(range(positions.shape[0]))  # nothing lost or repeated across skipped rounds
-    with torch.no_grad():
-        reference = target(out, output_hidden_states=True).hidden_states
-    expected = torch.cat([reference[i + 1][0] for i in drafter.config.target_layer_ids], dim=-1)
-    torch.testing.assert_close(features, expected[: features.shape[0]], rtol=1e-4, atol=1e-5)
+    assert stats.skipped_rounds >= 4 and drafter_calls == stats.num_rounds - stats.skipped_rounds
