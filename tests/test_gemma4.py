@@ -75,6 +75,26 @@ def test_logits_are_soft_capped():
     torch.testing.assert_close(output.logits, softcap_logits(drafter.lm_head(output.last_hidden_state), 30.0))
 
 
+@torch.no_grad()
+def test_training_reads_the_gemma_targets_soft_capped_logits(tmp_path):
+    from dspark_hf.training.blocks import DSparkBlocks
+    from dspark_hf.training.collator import DSparkDataCollator
+    from dspark_hf.training.objective import supervised_target_logits
+
+    target, _ = predictable_pair(tmp_path, variant="gemma4")
+    drafter = DSparkGemma4Drafter.from_target(target, mask_token_id=4).float().eval()
+    assert target.config.get_text_config().final_logit_softcapping is not None
+    collator = DSparkDataCollator(block_size=drafter.config.block_size, mask_token_id=drafter.config.mask_token_id,
+                                  num_anchors=3, generator=torch.Generator().manual_seed(0))
+    batch = collator([{"input_ids": [2, 7, 4, 9, 4, 7, 11, 3, 5, 6, 8, 10, 4, 7], "loss_mask": [0] * 3 + [1] * 11}])
+    blocks = DSparkBlocks.from_dict(batch)
+    out = target(input_ids=batch["input_ids"], output_hidden_states=True)
+    logits = supervised_target_logits(drafter, out.hidden_states[-1], blocks, drafter.config.block_size)
+    rows, block_index, slots = torch.nonzero(blocks.supervised, as_tuple=True)
+    positions = blocks.anchors[rows, block_index] + slots
+    torch.testing.assert_close(logits, out.logits[rows, positions].float(), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.usefixtures("modules_cache")
 def test_drafts_for_a_gemma4_target_with_dspark_hf_and_custom_generate(tmp_path):
     target, path = predictable_pair(tmp_path, variant="gemma4")

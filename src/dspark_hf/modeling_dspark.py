@@ -411,8 +411,13 @@ class DSparkDrafter(DSparkPreTrainedModel):
         for layer, layer_context in zip(self.layers, context_key_values):
             hidden_states = layer(hidden_states, position_embeddings, layer_context, attention_mask, **kwargs)
         hidden_states = self.norm(hidden_states)
-        logits = self.lm_head(hidden_states) if compute_logits else None
+        logits = self.base_logits(hidden_states) if compute_logits else None
         return DSparkDrafterOutput(last_hidden_state=hidden_states, logits=logits, cache=cache)
+
+    def base_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``U_k``: the (frozen, target's) LM head on final-normed states, before the Markov bias. Also the target's
+        own logits when given the target's last hidden states (training reads them this way)."""
+        return self.lm_head(hidden_states)
 
     def _extend_context(
         self,

@@ -40,7 +40,6 @@ from .configuration_dspark import _TARGET_ONLY_KEYS, DSparkKeys, default_target_
 from .modeling_dspark import (
     DSparkConfidenceHead,
     DSparkDrafter,
-    DSparkDrafterOutput,
     DSparkMarkovHead,
     DSparkPreTrainedModel,
     attend_block,
@@ -380,13 +379,10 @@ class DSparkGemma4Drafter(DSparkDrafter):
             drafter.lm_head.weight.copy_(target.get_output_embeddings().weight)
         return drafter
 
-    def forward(self, *args, **kwargs) -> DSparkDrafterOutput:
-        r"""Same inputs and outputs as [`DSparkDrafter.forward`]; `logits` are soft-capped
-        (``final_logit_softcapping``), so the Markov bias is added after the cap (spec 3.7)."""
-        output = super().forward(*args, **kwargs)
-        if output.logits is not None:
-            output.logits = softcap_logits(output.logits, self.config.final_logit_softcapping)
-        return output
+    def base_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Soft-capped like the target's (``final_logit_softcapping``); the Markov bias is added after the cap
+        (spec 3.7)."""
+        return softcap_logits(self.lm_head(hidden_states), self.config.final_logit_softcapping)
 
 
 __all__ = [

@@ -63,13 +63,13 @@ def drafter_block_states(
 def corrected_draft_logits(
     drafter: DSparkDrafter, states: torch.Tensor, previous_ids: torch.LongTensor, supervised: torch.BoolTensor
 ) -> torch.Tensor:
-    """``z = lm_head(h) + bias(previous token)`` at the supervised slots, `(N, vocab)` fp32 (teacher forced).
+    """``z = U(h) + bias(previous token)`` (``U = lm_head``, soft-capped for Gemma) at the supervised slots, `(N, vocab)` fp32 (teacher forced).
 
     Args:
         states (`torch.Tensor` of shape `(batch, n, B, hidden)`), previous_ids (`torch.LongTensor` of shape
             `(batch, n, B)`), supervised (`torch.BoolTensor` of shape `(batch, n, B)`).
     """
-    logits = drafter.lm_head(states[supervised]).float()
+    logits = drafter.base_logits(states[supervised]).float()
     head = drafter.markov_head
     if head is None:
         return logits
@@ -86,13 +86,13 @@ def supervised_target_logits(
     """The target's logits for the supervised slots, ``lm_head(last_hidden_state[p + k])``, `(N, vocab)` fp32.
 
     Slot ``k`` of the block at anchor ``p`` predicts ``x_{p+k+1}``, which the target predicts from position ``p + k``.
-    The drafter's frozen `lm_head` is the target's own head.
+    The drafter's frozen `lm_head` is the target's own head (soft-capped as the target caps it, for Gemma).
     """
     positions = blocks.anchors[..., None] + torch.arange(block_size, device=blocks.anchors.device)
     rows = torch.arange(positions.shape[0], device=positions.device)[:, None, None]
     states = last_hidden_state[rows.expand_as(positions)[blocks.supervised], positions[blocks.supervised]]
     with torch.no_grad():
-        return drafter.lm_head(states.to(drafter.lm_head.weight.dtype)).float()
+        return drafter.base_logits(states.to(drafter.lm_head.weight.dtype)).float()
 
 
 def compute_dspark_loss(
