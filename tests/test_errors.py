@@ -22,7 +22,10 @@ def test_drafter_for_another_hidden_size_is_refused():
 def test_drafter_for_another_vocabulary_is_refused():
     drafter = make_drafter(make_target(vocab_size=97))
     other = make_target(vocab_size=120)
-    # transformers would take a vocab-size mismatch for "different tokenizers"; ours must say what is wrong first.
+    # transformers would take a vocab-size mismatch for "different tokenizers"; ours must say what is wrong first,
+    # with or without tokenizer arguments.
+    with pytest.raises(ValueError, match="vocabulary size of 97"):
+        other.generate(PROMPT, assistant_model=drafter, max_new_tokens=4)
     with pytest.raises(ValueError, match="vocabulary size of 97"):
         other.generate(PROMPT, assistant_model=drafter, max_new_tokens=4, tokenizer=object(),
                        assistant_tokenizer=object())

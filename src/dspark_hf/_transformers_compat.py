@@ -62,6 +62,9 @@ def check_contract() -> list[str]:
     for needle in ("_eos_token_tensor", "_pad_token_tensor"):
         if needle not in inspect.getsource(GenerationMixin._prepare_special_tokens):
             problems.append(f"GenerationConfig.{needle} is no longer set by _prepare_special_tokens")
+    mode_params = list(inspect.signature(inspect.unwrap(GenerationMixin._validate_generation_mode)).parameters)
+    if mode_params != ["self", "generation_mode", "generation_config", "generation_mode_kwargs"]:
+        problems.append(f"GenerationMixin._validate_generation_mode's arguments changed: {mode_params}")
     if not hasattr(CandidateGenerator, "requires_model_outputs"):
         problems.append("CandidateGenerator.requires_model_outputs is gone")
     try:
@@ -142,6 +145,20 @@ def _make_assisted_decoding(original):
     return _assisted_decoding
 
 
+def _make_validate_generation_mode(original):
+    """Checks a DSpark drafter against the target before transformers' own checks, whose message for a drafter of
+    another vocabulary points at universal assisted decoding (tokenizer pairs) instead of the actual mistake."""
+
+    @functools.wraps(original)
+    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
+        drafter = unwrap_drafter(generation_mode_kwargs.get("assistant_model"))
+        if drafter is not None:
+            drafter.check_target(self)
+        return original(self, generation_mode, generation_config, generation_mode_kwargs)
+
+    return _validate_generation_mode
+
+
 def _make_auto_from_pretrained(original):
     original = original.__func__
 
@@ -182,6 +199,7 @@ def install() -> None:
     _get_candidate_generator._dspark = True
     GenerationMixin._get_candidate_generator = _get_candidate_generator
     GenerationMixin._assisted_decoding = _make_assisted_decoding(GenerationMixin._assisted_decoding)
+    GenerationMixin._validate_generation_mode = _make_validate_generation_mode(GenerationMixin._validate_generation_mode)
     # transformers gives every Auto class its own copy of from_pretrained, so each one is wrapped.
     for auto_class in (AutoModel, AutoModelForCausalLM):
         auto_class.from_pretrained = _make_auto_from_pretrained(auto_class.from_pretrained)

@@ -487,7 +487,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         ours = self.embed_tokens.weight[rows.to(self.embed_tokens.weight.device)].float().cpu()
         theirs = target_embedding[rows.to(target_embedding.device)].float().cpu()
         if not torch.allclose(ours, theirs, rtol=1e-2, atol=1e-3):
-            logger.warning(
+            logger.warning_once(
                 "The drafter's embedding table differs from the target's: it was probably trained for another model. "
                 "Output stays identical to the target's, but few drafts will be accepted."
             )
