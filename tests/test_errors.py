@@ -77,3 +77,15 @@ def test_unknown_policy_name_is_refused(target, drafter):
     drafter.verification_policy = "sometimes"
     with pytest.raises(ValueError, match="Unknown verification policy 'sometimes'"):
         target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4)
+
+
+def test_drafter_trained_for_another_model_of_the_same_shape_warns(monkeypatch):
+    import dspark_hf.modeling_dspark as modeling
+
+    warnings = []
+    monkeypatch.setattr(modeling.logger, "warning_once", lambda message: warnings.append(message))
+    drafter = make_drafter(make_target(seed=0))
+    drafter.check_target(make_target(seed=0))
+    assert warnings == []
+    drafter.check_target(make_target(seed=5))  # same shapes, other weights: output stays exact, drafts will miss
+    assert len(warnings) == 1 and "trained for another model" in warnings[0]
