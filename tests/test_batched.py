@@ -175,6 +175,9 @@ def test_plan_verification_width_reads_the_whole_curve():
     cliff = {1: 10.0, 2: 4.0, 3: 3.8, 4: 3.6, 5: 3.5, 6: 3.4, 7: 3.3, 8: 3.2}.get
     # A cliff after 1 token: Algorithm 1's early stop would never verify; the global search sees the gain at 8.
     assert plan_verification_width([[0.99] * 7], cliff, 8) == 8
+    assert plan_verification_width([[0.99] * 7], cliff, 8, early_stop=True) == 1  # Algorithm 1 stops at the cliff
+    gentle = {1: 10.0, 2: 9.5, 3: 9.0, 4: 5.0}.get
+    assert plan_verification_width([[0.9, 0.9, 0.9]], gentle, 4, early_stop=True) == 3
     assert plan_verification_width([[0.5, 0.2] + [0.0] * 5], cliff, 8) == 1
     # More rows amortize the cliff differently: a table for 4 rows.
     flat = {1: 5.0, 2: 3.9, 3: 3.8, 4: 3.6}.get

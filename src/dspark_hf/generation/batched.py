@@ -33,6 +33,7 @@ def plan_verification_width(
     speed: Callable[[int], float | None],
     max_width: int,
     draft_seconds: float = 0.0,
+    early_stop: bool = False,
 ) -> int:
     """The production scheduler of spec 5.3 for a padded batch: the verification width (1 + drafts per row) that
     maximizes ``(R + Σ_r Σ_{j < width} a_stale_rj) · speed(width)``, by global search over every width.
@@ -41,6 +42,10 @@ def plan_verification_width(
     Algorithm 1), and stays lossless because it reads only stale confidences (earlier rounds), never this round's
     drafts. With padding, every row verifies up to the same width at no extra cost. A width above 1 also pays
     `draft_seconds` (the drafting pass over all rows) per step; width 1 is plain decoding without drafting.
+
+    With `early_stop=True` it is Algorithm 1 over widths instead: it stops at the first width that does not improve,
+    so it may read *this* round's confidences (slot k's inclusion depends on c_1..c_k of every row only); the engine
+    uses it for probe rounds, whose drafts exist already.
     """
     expected = float(len(stale_confidences))
     survival = [1.0] * len(stale_confidences)
@@ -50,11 +55,11 @@ def plan_verification_width(
             survival[row] *= values[width - 2] if width - 2 < len(values) else 0.0
             expected += survival[row]
         rate = speed(width)
-        if rate is None:
-            continue
-        value = expected * rate if draft_seconds == 0 else expected / (1.0 / rate + draft_seconds)
-        if value > best:
+        value = None if rate is None else expected * rate if draft_seconds == 0 else expected / (1.0 / rate + draft_seconds)
+        if value is not None and value > best:
             best_width, best = width, value
+        elif early_stop:
+            break
     return best_width
 
 
@@ -264,6 +269,9 @@ class DSparkBatchEngine:
             draft = self._draft(budgets)
             if width is not None:
                 self.policy.record_draft_seconds(time.perf_counter() - start, rows)
+            if width == 1:  # a probe: its drafts are paid for, so Algorithm 1 on their own confidences
+                width = plan_verification_width(draft.confidences, self._speed(rows), self.drafter.config.block_size + 1,
+                                                early_stop=True)
             lengths = self._verification_lengths(draft.confidences, budgets, width)
             for request, values in zip(self.active, draft.confidences):
                 if len(values) == self.drafter.config.block_size:
