@@ -7,6 +7,9 @@
 Responses are NOT here: `dspark-hf prepare-data` regenerates them with the target. Deterministic (fixed seed).
 
     python scripts/smollm2_prompts.py --gsm8k ../shared/data/eval/gsm8k.jsonl --out data/smollm2_prompts.jsonl
+    # second stage: 1,000 more code prompts and later doc paragraphs, none already in the first file
+    python scripts/smollm2_prompts.py --gsm8k ../shared/data/eval/gsm8k.jsonl --out data/extra.jsonl \
+        --extra data/smollm2_prompts.jsonl
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def code_prompts(limit: int, rng: random.Random) -> list[str]:
     return prompts[:limit]
 
 
-def chat_prompts(limit: int, rng: random.Random) -> list[str]:
+def chat_chunks(first: int = 0, last: int = 3) -> list[str]:
+    """Paragraphs `first..last-1` (200-1200 characters) of each README/NEWS file under /usr/share/doc."""
     files = sorted(p for p in Path("/usr/share/doc").rglob("*")
                    if p.is_file() and p.suffix in ("", ".txt", ".md") and p.name.upper().startswith(("README", "NEWS"))
                    and p.stat().st_size < 200_000)
@@ -53,11 +57,29 @@ def chat_prompts(limit: int, rng: random.Random) -> list[str]:
         except (UnicodeDecodeError, OSError):
             continue
         paragraphs = [p.strip() for p in text.split("\n\n") if 200 <= len(p.strip()) <= 1200]
-        chunks += paragraphs[:3]
+        chunks += paragraphs[first:last]
+    return chunks
+
+
+ASKS = ["Explain this in simple terms:", "Summarize the following text:", "What is this about? Answer briefly.",
+        "Rewrite this as a short list of key points:"]
+
+
+def chat_prompts(limit: int, rng: random.Random) -> list[str]:
+    chunks = chat_chunks()
     rng.shuffle(chunks)
-    asks = ["Explain this in simple terms:", "Summarize the following text:", "What is this about? Answer briefly.",
-            "Rewrite this as a short list of key points:"]
-    return [f"{rng.choice(asks)}\n\n{chunk}" for chunk in chunks[:limit]]
+    return [f"{rng.choice(ASKS)}\n\n{chunk}" for chunk in chunks[:limit]]
+
+
+def extra_prompts(exclude: Path, num_code: int, num_chat: int, seed: int) -> list[dict]:
+    """The second-stage set: code prompts not in `exclude` (the first set) and later paragraphs of the same docs."""
+    seen = {json.loads(line)["turns"][0] for line in exclude.read_text().splitlines() if line.strip()}
+    rng = random.Random(seed)
+    code = [p for p in code_prompts(10**6, rng) if p not in seen][:num_code]
+    chat = [f"{rng.choice(ASKS)}\n\n{chunk}" for chunk in chat_chunks(3, 10)][:num_chat]
+    rows = [{"turns": [p], "category": "code"} for p in code] + [{"turns": [p], "category": "chat"} for p in chat]
+    rng.shuffle(rows)
+    return rows
 
 
 def main() -> None:
@@ -68,7 +90,13 @@ def main() -> None:
     parser.add_argument("--num-code", type=int, default=500)
     parser.add_argument("--num-chat", type=int, default=250)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--extra", type=Path, default=None,
+                        help="write the second-stage set instead: prompts not in this first-stage file")
     args = parser.parse_args()
+    if args.extra is not None:
+        rows = extra_prompts(args.extra, num_code=1000, num_chat=300, seed=args.seed)
+        _write(rows, args.out)
+        return
     rng = random.Random(args.seed)
     sets = {
         "math": gsm8k_prompts(args.gsm8k)[: args.num_math],
@@ -77,11 +105,18 @@ def main() -> None:
     }
     rows = [{"turns": [p], "category": name} for name, prompts in sets.items() for p in prompts]
     rng.shuffle(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w") as f:
+    _write(rows, args.out)
+
+
+def _write(rows: list[dict], out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w") as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
-    print({name: len(p) for name, p in sets.items()}, "->", args.out)
+    counts = {}
+    for row in rows:
+        counts[row["category"]] = counts.get(row["category"], 0) + 1
+    print(counts, "->", out)
 
 
 if __name__ == "__main__":

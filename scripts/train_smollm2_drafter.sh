@@ -2,19 +2,40 @@
 # Reproduces the embedded default drafter for SmolLM2-135M-Instruct (and its DFlash ablation) on a 2-core CPU.
 # Prompts: scripts/smollm2_prompts.py (gsm8k lines 501-1100, stdlib docstrings, /usr/share/doc); responses
 # regenerated greedily by the target; never the evaluation prompts (gsm8k 1-500, humaneval, mbpp, mt-bench, math500).
-# Usage: bash scripts/train_smollm2_drafter.sh WORK_DIR [OPTIMIZER_STEPS]
+# Stage 1: 512 prompts, 1000 steps from scratch. Stage 2: the rest of the first set plus 1,098 extra prompts
+# (2,270 conversations, ~305k response tokens), 800 more steps. About 3 h on 2 cores (data ~1 h, training ~2 h).
+# Then: dspark-hf calibrate (gsm8k lines 1101+) and scripts/package_embedded_drafter.py.
+# Usage: bash scripts/train_smollm2_drafter.sh WORK_DIR
 set -euo pipefail
-work=${1:?work dir}; steps=${2:-1200}
+work=${1:?work dir}
 mkdir -p "$work"
-python scripts/smollm2_prompts.py --gsm8k "${GSM8K:-../shared/data/eval/gsm8k.jsonl}" --out "$work/prompts.jsonl"
-dspark-hf prepare-data --prompts "$work/prompts.jsonl" --output_dir "$work/conv" --batch_size 32 \
-    --max_new_tokens 192 --shard_size 32 --limit 512
-common=(--train_data "$work/conv" --block_size 7 --num_hidden_layers 1 --mask_token_id 16
-        --num_anchors 64 --max_length 512 --per_device_train_batch_size 1 --gradient_accumulation_steps 2
-        --learning_rate 6e-4 --lr_scheduler_type cosine --warmup_steps 0.04 --max_steps "$steps"
-        --save_steps 100 --save_total_limit 2 --logging_steps 20
-        --eval_split_size 0 --report_to none --seed 0)
-# The DSpark drafter and its DFlash ablation (markov_rank=0, same recipe), one core each, side by side.
-OMP_NUM_THREADS=1 dspark-hf train "${common[@]}" --markov_rank 64 --output_dir "$work/dspark" > "$work/dspark.log" 2>&1 &
-OMP_NUM_THREADS=1 dspark-hf train "${common[@]}" --markov_rank 0 --output_dir "$work/dflash" > "$work/dflash.log" 2>&1 &
-wait
+gsm8k=${GSM8K:-../shared/data/eval/gsm8k.jsonl}
+python scripts/smollm2_prompts.py --gsm8k "$gsm8k" --out "$work/prompts.jsonl"
+python scripts/smollm2_prompts.py --gsm8k "$gsm8k" --out "$work/extra.jsonl" --extra "$work/prompts.jsonl"
+prepare() {  # prepare FILE OUT START LIMIT, on one core
+    OMP_NUM_THREADS=1 dspark-hf prepare-data --prompts "$1" --output_dir "$2" --batch_size 32 --max_new_tokens 192 \
+        --shard_size 32 --start "$3" --limit "$4" > "$2.log" 2>&1
+}
+train_both() {  # train_both OUT_SUFFIX ARGS...: the DSpark drafter and its DFlash ablation, one core each
+    local suffix=$1; shift
+    OMP_NUM_THREADS=1 dspark-hf train "$@" --markov_rank 64 ${init_dspark:-} --output_dir "$work/dspark$suffix" \
+        > "$work/dspark$suffix.log" 2>&1 &
+    OMP_NUM_THREADS=1 dspark-hf train "$@" --markov_rank 0 ${init_dflash:-} --output_dir "$work/dflash$suffix" \
+        > "$work/dflash$suffix.log" 2>&1 &
+    wait
+}
+common=(--num_anchors 64 --max_length 512 --per_device_train_batch_size 1 --gradient_accumulation_steps 2
+        --lr_scheduler_type cosine --save_steps 100 --save_total_limit 2 --logging_steps 20
+        --eval_split_size 0 --report_to none)
+
+# Stage 1
+prepare "$work/prompts.jsonl" "$work/conv" 0 512
+train_both 1 "${common[@]}" --train_data "$work/conv" --block_size 7 --num_hidden_layers 1 --mask_token_id 16 \
+    --learning_rate 6e-4 --warmup_steps 0.04 --max_steps 1000 --seed 0
+
+# Stage 2: more regenerated data, continue both drafters
+prepare "$work/prompts.jsonl" "$work/conv2a" 512 382 & prepare "$work/prompts.jsonl" "$work/conv2b" 894 382 & wait
+prepare "$work/extra.jsonl" "$work/conv3a" 0 549 & prepare "$work/extra.jsonl" "$work/conv3b" 549 549 & wait
+init_dspark="--drafter $work/dspark1" init_dflash="--drafter $work/dflash1" train_both "" "${common[@]}" \
+    --train_data "$work/conv" "$work/conv2a" "$work/conv2b" "$work/conv3a" "$work/conv3b" \
+    --learning_rate 3e-4 --warmup_steps 0.02 --max_steps 800 --seed 1
