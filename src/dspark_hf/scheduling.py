@@ -26,6 +26,7 @@ __all__ = [
     "StepsPerSecondCurve",
     "prefix_survival_probabilities",
     "expected_throughput",
+    "drafted_step_throughput",
     "schedule_verification_lengths",
     "verification_capacity",
     "top_k_verification_lengths",
@@ -166,6 +167,14 @@ def expected_throughput(confidences, lengths: Sequence[int], steps_per_second) -
     return tau * speed if speed is not None else 0.0
 
 
+def drafted_step_throughput(expected_tokens: float, steps_per_second: float, draft_seconds: float = 0.0) -> float:
+    """Expected committed tokens per second of a step that drafts and verifies: ``τ / (1 / SPS + draft_seconds)``
+    (``τ · SPS`` exactly when drafting is free). A step without drafts runs at ``τ · SPS`` with no drafting cost."""
+    if draft_seconds == 0:
+        return expected_tokens * steps_per_second
+    return expected_tokens / (1.0 / steps_per_second + draft_seconds)
+
+
 def _candidates_by_survival(survival: list[list[float]]) -> list[tuple[int, int, float]]:
     """All ``(r, j, a[r][j])`` with ``a > 0`` (j 1-based), sorted by a descending.
 
@@ -287,7 +296,7 @@ def verification_capacity(
         if speed is None:
             break  # every larger K is out of the profiled range as well
         tau += a
-        rate = tau * speed if draft_seconds == 0 else tau / (1.0 / speed + draft_seconds)
+        rate = drafted_step_throughput(tau, speed, draft_seconds)
         if rate > best:
             best_capacity, best = capacity, rate
     return best_capacity

@@ -170,11 +170,11 @@ def main(argv=None) -> int:
             rotation = repeat % len(engines)
             for name, make_engine in engines[rotation:] + engines[:rotation]:
                 passes[name].append(run_level(make_engine(), prompts, level, num_requests, args.max_new_tokens))
-        baseline = passes.get("target")
+        baseline = pool_passes(passes["target"])["throughput_tok_s"] if passes.get("target") else None
         for name, _ in engines:
             row = {"method": name, **pool_passes(passes[name])}
             if baseline:
-                row["throughput_vs_target"] = row["throughput_tok_s"] / pool_passes(baseline)["throughput_tok_s"]
+                row["throughput_vs_target"] = row["throughput_tok_s"] / baseline
             results.append(row)
             tqdm.write(f"c={level:>3} {name:>15}: {row['throughput_tok_s']:7.2f} tok/s total "
                        f"({row.get('throughput_vs_target', 1.0):.3f}x target), {row['per_request_tok_s']:6.2f} tok/s "

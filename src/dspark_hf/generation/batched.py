@@ -23,6 +23,7 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 from transformers.generation.utils import _speculative_sampling
 
 from ..modeling_dspark import DSparkDrafter
+from ..scheduling import drafted_step_throughput
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
 from .policies import FullBlockPolicy, HardwareAwarePolicy, VerificationPolicy, get_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
@@ -55,7 +56,7 @@ def plan_verification_width(
             survival[row] *= values[width - 2] if width - 2 < len(values) else 0.0
             expected += survival[row]
         rate = speed(width)
-        value = None if rate is None else expected * rate if draft_seconds == 0 else expected / (1.0 / rate + draft_seconds)
+        value = None if rate is None else drafted_step_throughput(expected, rate, draft_seconds)
         if value is not None and value > best:
             best_width, best = width, value
         elif early_stop:
@@ -340,7 +341,8 @@ class DSparkBatchEngine:
     def _planned_width(self) -> int:
         """Hardware-aware width for this round from the rows' stale confidences and the drafting cost (spec 5.3)."""
         rows = len(self.active)
-        stale = [r.last_confidences or self._prior_confidences() for r in self.active]
+        prior = self._prior_confidences() if any(not r.last_confidences for r in self.active) else None
+        stale = [r.last_confidences or prior for r in self.active]
         return plan_verification_width(stale, self._speed(rows), self.drafter.config.block_size + 1,
                                        draft_seconds=self.policy.drafting_cost(rows))
 

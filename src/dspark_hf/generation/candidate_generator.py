@@ -118,8 +118,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         Returns the block's final-normed hidden states `(block, hidden)` and base logits `(block, vocab)`.
         """
         anchor_position = input_ids.shape[1] - 1  # the anchor itself has not been through the target yet
-        num_new = anchor_position - self.context_length - self._deferred_length
-        features = torch.cat(self._deferred + [self._new_target_features(model_outputs, num_new)], dim=1)
+        self._defer_features(input_ids, model_outputs)
+        features = torch.cat(self._deferred, dim=1)  # skipped rounds' features, then this round's
         self._deferred, self._deferred_length = [], 0
         device = self.drafter.device
         block_ids = torch.cat([input_ids[:, -1:].cpu(), self.mask_ids], dim=-1).to(device)
@@ -136,7 +136,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         return output.last_hidden_state[0], output.logits[0].float()
 
     def _defer_features(self, input_ids: torch.LongTensor, model_outputs: Any) -> None:
-        """Keeps a skipped round's newly committed target features for the next drafted round."""
+        """Buffers the target features of the positions committed since the last call (up to, not including, the
+        anchor) until a drafted round appends the whole buffer to the drafter's context."""
         num_new = input_ids.shape[1] - 1 - self.context_length - self._deferred_length
         self._deferred.append(self._new_target_features(model_outputs, num_new))
         self._deferred_length += num_new
