@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+from hypothesis import settings
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import dspark_hf  # noqa: F401  (installs the generate integration)
 from dspark_hf import DSparkDrafter
 
+
+# Property tests draw the same examples on every run, so the suite passes or fails the same way in CI;
+# `HYPOTHESIS_PROFILE=explore pytest ...` draws fresh random examples to hunt for new counterexamples.
+settings.register_profile("deterministic", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 # Tiny models run ~10x faster single-threaded than fighting over two shared cores.
 torch.set_num_threads(1)
