@@ -15,7 +15,7 @@ from transformers import TextStreamer
 
 from .generation.policies import HardwareAwarePolicy, get_policy
 from .modeling_dspark import DSparkDrafter
-from .models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, load_target
+from .models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target
 from .profiling import PROFILE_FILE_NAME
 
 
@@ -39,6 +39,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "when the drafter folder has a speed profile, else full)")
     parser.add_argument("--length", type=int, default=None, help="drafts per round for --policy fixed")
     parser.add_argument("--threshold", type=float, default=None, help="confidence threshold for --policy threshold")
+    parser.add_argument("--drafter-dtype", default="auto", choices=DRAFTER_DTYPES,
+                        help="dtype the drafter runs in (auto: bfloat16 where the device computes it natively, else "
+                        "float32; the output is identical either way)")
     parser.add_argument("--no-stream", action="store_true", help="do not stream the DSpark text")
     parser.add_argument("--prompt", action="append", default=None, help="your own prompt(s) instead of the demo set")
     return parser.parse_args(argv)
@@ -47,12 +50,13 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _load_drafter(args: argparse.Namespace, target) -> tuple[DSparkDrafter, Path | None]:
     """The drafter and the folder it came from (where its speed profile may sit)."""
     path = Path(args.drafter) if args.drafter is not None else EMBEDDED_DRAFTERS.get(args.target)
+    dtype = drafter_dtype(args.drafter_dtype, target.device)
     if args.drafter is not None or (path is not None and (path / "config.json").exists()):
-        drafter = DSparkDrafter.from_pretrained(str(path), target=target, dtype=target.dtype).eval()
+        drafter = DSparkDrafter.from_pretrained(str(path), target=target, dtype=dtype).eval()
         return drafter, path if path.is_dir() else None
     print(f"[demo] no trained drafter ships for {args.target!r}: using an UNTRAINED one "
           "(output is still identical; expect no speed-up). Pass --drafter PATH for a trained one.")
-    return DSparkDrafter.from_target(target).eval(), None
+    return DSparkDrafter.from_target(target).to(dtype).eval(), None
 
 
 def _policy(args: argparse.Namespace, drafter_dir: Path | None):

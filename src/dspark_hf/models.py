@@ -92,3 +92,29 @@ def load_target(
     if device is not None:
         model.to(device)
     return model.eval(), tokenizer
+
+
+DRAFTER_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def drafter_dtype(name: str = "auto", device: str | torch.device = "cpu") -> torch.dtype:
+    """The dtype to run a drafter in: `name`, or for `"auto"` the fastest one the device computes natively.
+
+    The drafter's output only proposes tokens (the target decides), so its precision changes acceptance at most, never
+    the output. Its cost is dominated by small matmuls (the block's LM head rows, one layer), which bf16 roughly
+    halves on GPUs and on CPUs with bf16 instructions (AMX, AVX512-BF16): on this project's 2-core Xeon a drafting
+    pass of the embedded drafter drops from ~15 ms to ~6 ms, while emulated bf16 on older CPUs is slower than
+    float32. `"auto"` picks bf16 on those devices and float32 elsewhere.
+    """
+    if name != "auto":
+        if name not in DRAFTER_DTYPES:
+            raise ValueError(f"Unknown drafter dtype {name!r}; choose one of {list(DRAFTER_DTYPES)}.")
+        return getattr(torch, name)
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if device.type == "cpu":
+        capabilities = getattr(torch.cpu, "get_capabilities", dict)()
+        native = capabilities.get("amx_bf16") or capabilities.get("avx512_bf16")
+        return torch.bfloat16 if native else torch.float32
+    return torch.float32

@@ -35,7 +35,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..modeling_dspark import DSparkDrafter
-from ..models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, load_target
+from ..models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target
 from .methods import (
     BenchMethod,
     GenerationMeasurement,
@@ -299,7 +299,11 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--sps", help="steps-per-second profile JSON from `dspark-hf profile` (hardware_aware); "
                         f"default: {PROFILE_FILE_NAME} in the drafter folder, if there")
     models.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    models.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    models.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="dtype of the target (and of --assistant)")
+    models.add_argument("--drafter-dtype", default="auto", choices=DRAFTER_DTYPES,
+                        help="dtype the DSpark drafters run in (auto: bfloat16 where the device computes it natively, "
+                        "else float32; outputs are identical either way)")
     models.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
     data = parser.add_argument_group("prompts")
     data.add_argument("--prompts", nargs="+", required=True, metavar="FILE",
@@ -379,12 +383,13 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
     prompts = load_prompts(args.prompts, start=args.start, limit=args.limit)
     target, tokenizer = load_target(args.target, dtype=dtype, device=args.device)
     drafter_spec = args.drafter if args.drafter is not None else default_drafter(args.target)
+    draft_dtype = drafter_dtype(args.drafter_dtype, args.device)
     sps = profile_path(args.sps, drafter_spec)
     methods, skipped = build_methods(
-        drafter=load_drafter(drafter_spec, target, args.device, dtype),
+        drafter=load_drafter(drafter_spec, target, args.device, draft_dtype),
         policies=[name.strip() for name in args.policies.split(",") if name.strip()],
         policy_kwargs=_policy_kwargs(args, sps),
-        dflash_drafter=load_drafter(args.dflash_drafter, target, args.device, dtype, markov_rank=0),
+        dflash_drafter=load_drafter(args.dflash_drafter, target, args.device, draft_dtype, markov_rank=0),
         assistant=load_assistant(args.assistant, tokenizer, args.device, dtype) if args.assistant else None,
         num_assistant_tokens=args.num_assistant_tokens,
         prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
@@ -399,7 +404,8 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
     load_average_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     records = run_benchmark(target, tokenizer, methods, prompts, settings, progress=not args.no_progress)
     results = results_document(records, argv, settings, methods, skipped, prompts, args.device, load_average_before,
-                               target=args.target, drafter=drafter_spec, dtype=args.dtype, sps_profile=sps)
+                               target=args.target, drafter=drafter_spec, dtype=args.dtype,
+                               drafter_dtype=str(draft_dtype).removeprefix("torch."), sps_profile=sps)
     paths = write_report(args.output_dir, results, plots=not args.no_plots)
     print(Path(paths["markdown"]).read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(path) for path in paths.values()))

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from ..generation.batched import DSparkBatchEngine
 from ..generation.policies import get_policy
 from ..modeling_dspark import DSparkDrafter
-from ..models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, load_target
+from ..models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target
 from .bench import machine_info, version_info
 from .prompts import load_prompts, render_conversation
 
@@ -32,6 +32,8 @@ def _parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--drafter", default=None, help="drafter path (default: the embedded one)")
     parser.add_argument("--prompts", nargs="+", required=True, help="jsonl prompt files ({'turns': [...]})")
+    parser.add_argument("--drafter-dtype", default="auto", choices=DRAFTER_DTYPES,
+                        help="dtype the drafter runs in (auto: bfloat16 where computed natively, else float32)")
     parser.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated levels")
     parser.add_argument("--requests", type=int, default=None, help="requests finished per level (default: 2 × c, >= 8)")
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     target, tokenizer = load_target(args.target)
     path = args.drafter or EMBEDDED_DRAFTERS.get(args.target)
-    drafter = DSparkDrafter.from_pretrained(path, target=target, dtype=target.dtype).eval()
+    drafter = DSparkDrafter.from_pretrained(path, target=target, dtype=drafter_dtype(args.drafter_dtype)).eval()
     prompts = [render_conversation(tokenizer, p.turns[:1], []) for p in load_prompts(args.prompts)]
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -182,7 +184,8 @@ def main(argv=None) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     document = {"command": " ".join(["dspark-hf", "bench-load", *(argv if argv is not None else sys.argv[2:])]),
-                "machine": machine_info(), "versions": version_info(), "settings": vars(args), "results": results}
+                "machine": machine_info(), "versions": version_info(), "settings": {**vars(args), "drafter_dtype_resolved": str(drafter.dtype).removeprefix("torch.")},
+                "results": results}
     (out / "bench_load.json").write_text(json.dumps(document, indent=2) + "\n")
     lines = ["| concurrency | method | total tok/s | vs target | per-request tok/s | tau | mean verified | "
              "rounds without drafter |", "|---|---|---|---|---|---|---|---|"]
