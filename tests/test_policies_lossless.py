@@ -139,6 +139,26 @@ def test_greedy_output_is_the_targets_with_every_policy(arch, name, single_threa
         assert len(verified) >= 2, verified
 
 
+def test_planned_rounds_observe_only_the_slots_that_can_change_the_plan(single_thread):
+    """With unconfident drafts on a steep curve the next plan settles after a slot or two: the rest of the block is
+    not sampled, the output is still the target's, and each verified round's outcome reaches the policy."""
+    target = make_target("llama", vocab_size=16)
+    drafter = _sharp_drafter(target, block_size=6)
+    policy = HardwareAwarePolicy({1: 10.0, 2: 6.0, 3: 5.0, 4: 4.5, 5: 4.0, 6: 3.5, 7: 3.0}, draft_seconds=0.0)
+    drafter.verification_policy = policy
+    markov_calls = []
+    drafter.markov_head.register_forward_hook(lambda *args: markov_calls.append(1))
+    input_ids = torch.tensor([[1, 9, 4, 4, 12, 6, 8]])
+    output = target.generate(input_ids, assistant_model=drafter, do_sample=False, max_new_tokens=40, pad_token_id=0)
+    assert torch.equal(output, target.generate(input_ids, do_sample=False, max_new_tokens=40, pad_token_id=0))
+    drafted = [r for r in drafter.generation_stats.rounds if r.drafted]
+    observed = [len(r.confidences) for r in drafted]
+    assert min(observed) < 6 and len(markov_calls) < 6 * len(drafted), observed  # blocks cut short
+    assert all(len(r.confidences) >= r.verified for r in drafted)
+    if any(r.verified for r in drafted):
+        assert policy._predicted > 0  # verified rounds were reported back (online acceptance correction)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # Sampling exactness
 # ----------------------------------------------------------------------------------------------------------------------
@@ -156,7 +176,8 @@ def _sampling_pair(policy=None):
     with torch.no_grad():
         target.lm_head.weight.mul_(6.0)  # random logits are nearly flat; sharpen them (the drafter copies the head)
     drafter = _sharp_drafter(target, block_size=3)
-    drafter.verification_policy = policy or HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.0)
+    # Without the online acceptance correction the random drafter keeps being verified, which gives the test power.
+    drafter.verification_policy = policy or HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.0, outcome_decay=None)
     return target, drafter
 
 

@@ -18,6 +18,7 @@ from dspark_hf.generation.policies import HardwareAwarePolicy, ThresholdPolicy
 from dspark_hf.scheduling import (
     StepsPerSecondCurve,
     expected_throughput,
+    plan_is_settled,
     prefix_survival_probabilities,
     schedule_verification_lengths,
     schedule_verification_lengths_async,
@@ -354,3 +355,59 @@ def test_hardware_aware_policy_measures_the_drafting_cost():
     assert policy.drafting_cost(4) == pytest.approx(0.040) and policy.drafting_cost(8) == pytest.approx(0.080)
     with pytest.raises(ValueError, match="draft_seconds"):
         HardwareAwarePolicy({1: 1.0}, draft_seconds=float("nan"))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(probabilities, min_size=1, max_size=7), speed_curves, st.sampled_from([0.0, 0.01, 0.1, 1.0]),
+       st.data())
+def test_a_settled_plan_is_the_plan_of_the_whole_block(confidences, speeds, draft_seconds, data):
+    """Stopping observation where `plan_is_settled` says so never changes the capacity planned for the next round."""
+    block = len(confidences)
+    curve = StepsPerSecondCurve.from_table(speeds)
+    k = data.draw(st.integers(0, block))
+    if plan_is_settled([confidences[:k]], curve, block + 1, draft_seconds):
+        assert verification_capacity([confidences[:k]], speeds, draft_seconds=draft_seconds) == \
+            verification_capacity([confidences], speeds, draft_seconds=draft_seconds)
+    assert plan_is_settled([confidences], curve, block + 1, draft_seconds)  # the whole block always settles
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(probabilities, min_size=6, max_size=6), min_size=1, max_size=4), speed_curves,
+       st.sampled_from([0.0, 0.05]), st.integers(0, 6))
+def test_a_settled_batch_plan_is_the_plan_of_the_whole_block(rows, speeds, draft_seconds, k):
+    from dspark_hf.generation.batched import plan_verification_width
+
+    curve = StepsPerSecondCurve.from_table(speeds)
+    speed = lambda width: curve(len(rows) * width)  # noqa: E731  (padded forward of every row)
+    if plan_is_settled([row[:k] for row in rows], speed, 7, draft_seconds):
+        assert plan_verification_width([row[:k] for row in rows], speed, 7, draft_seconds) == \
+            plan_verification_width(rows, speed, 7, draft_seconds)
+
+
+def test_plan_settles_early_when_later_drafts_cannot_pay():
+    speeds = {1: 10.0, 2: 9.0, 3: 8.0, 4: 7.0, 5: 6.0}
+    assert plan_is_settled([[0.05]], StepsPerSecondCurve.from_table(speeds), 5)  # a_1 = 0.05: nothing later pays
+    assert not plan_is_settled([[0.95]], StepsPerSecondCurve.from_table(speeds), 5)  # c_2 could make K = 2 best
+
+
+def test_online_correction_pulls_overconfident_plans_down():
+    speeds = {1: 10.0, 2: 9.0}
+    policy = HardwareAwarePolicy(speeds, draft_seconds=0.0)
+    assert policy.acceptance_ratio == 1.0 and policy.corrected([0.3, 0.5]) == [0.3, 0.5]
+    policy.observe([0.3])
+    assert policy.verification_length([0.3]) == 1  # 1.3 tokens at 9/s beat 1 token at 10/s
+    for _ in range(30):  # the drafter claims 0.3 but the target never accepts
+        policy.record_outcome([0.3, 0.9], verified=1, accepted=0)
+    assert policy.acceptance_ratio < 0.3
+    policy.observe([0.3])
+    assert policy.verification_length([0.3]) == 0  # corrected 1 + 0.3 * ratio tokens at 9/s lose to 10/s
+    for _ in range(60):  # then it accepts everything it claims
+        policy.record_outcome([0.3], verified=1, accepted=1)
+    assert policy.acceptance_ratio > 2.0 and policy.corrected([0.3, 0.5]) == [pytest.approx(min(1.0, 0.3 * policy.acceptance_ratio)), 0.5]
+    policy.forget()
+    assert policy.acceptance_ratio == 1.0
+    off = HardwareAwarePolicy(speeds, outcome_decay=None)
+    off.record_outcome([0.3], verified=1, accepted=0)
+    assert off.corrected([0.3]) == [0.3]
+    with pytest.raises(ValueError, match="outcome_decay"):
+        HardwareAwarePolicy(speeds, outcome_decay=1.0)

@@ -29,6 +29,7 @@ __all__ = [
     "drafted_step_throughput",
     "schedule_verification_lengths",
     "verification_capacity",
+    "plan_is_settled",
     "top_k_verification_lengths",
     "schedule_verification_lengths_async",
 ]
@@ -300,6 +301,53 @@ def verification_capacity(
         if rate > best:
             best_capacity, best = capacity, rate
     return best_capacity
+
+
+def plan_is_settled(
+    observed: Sequence[Sequence[float]],
+    speed,
+    max_width: int,
+    draft_seconds: float = 0.0,
+) -> bool:
+    """Whether a width plan made from the first k confidences of every row can no longer change with more of them.
+
+    A planner that reads the confidences of a whole block (spec 5.3) needs c_k of every slot, and c_{k+1} exists only
+    after x_k is sampled. Survival never grows along a row (``a[r][j] <= a[r][k]`` for j > k), so every width above
+    ``k + 1`` is worth at most ``(R + Σ_{j<=k} a + (width - 1 - k) · Σ_r a[r][k]) · speed(width)`` (with the drafting
+    cost, as [`drafted_step_throughput`]). When that bound is below the best width up to ``k + 1``, the plan from the
+    full block would be the same as the one from these k slots, and sampling the rest of the block only to observe
+    it is wasted work. The check is exact up to a 1e-9 relative margin, kept on the side of observing more.
+
+    Args:
+        observed: per-row calibrated confidences c_1..c_k observed so far (the shortest row sets k).
+        speed: steps per second of a verification forward of a given width (1 + drafts per row); `None` past the
+            profiled sizes. A [`StepsPerSecondCurve`] for one request.
+        max_width (`int`): the widest plan allowed (block size + 1).
+        draft_seconds (`float`): drafting time of a step with drafts (see [`verification_capacity`]).
+    """
+    rows = len(observed)
+    if rows == 0:
+        return True
+    k = min(len(row) for row in observed)
+    survival, expected = [1.0] * rows, float(rows)
+    best = expected * (speed(1) or 0.0)
+    for width in range(2, min(k + 1, max_width) + 1):  # widths whose drafts are all observed
+        rate = speed(width)
+        if rate is None:
+            return True  # wider forwards are out of the profiled range as well
+        for r in range(rows):
+            survival[r] *= observed[r][width - 2]
+            expected += survival[r]
+        best = max(best, drafted_step_throughput(expected, rate, draft_seconds))
+    tail = sum(survival)
+    for width in range(k + 2, max_width + 1):
+        rate = speed(width)
+        if rate is None:
+            break
+        bound = drafted_step_throughput(expected + (width - 1 - k) * tail, rate, draft_seconds)
+        if bound > best * (1.0 - 1e-9):
+            return False
+    return True
 
 
 def top_k_verification_lengths(confidences, capacity: int) -> list[int]:

@@ -23,7 +23,7 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 from transformers.generation.utils import _speculative_sampling
 
 from ..modeling_dspark import DSparkDrafter
-from ..scheduling import drafted_step_throughput
+from ..scheduling import drafted_step_throughput, plan_is_settled
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
 from .policies import FullBlockPolicy, HardwareAwarePolicy, VerificationPolicy, get_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
@@ -99,6 +99,7 @@ class _Draft:
     ids: torch.LongTensor  # (rows, block)
     logits: torch.Tensor  # (rows, block, vocab): processed, Markov-corrected
     confidences: list[list[float]]  # calibrated c_k per row (empty rows without a confidence head)
+    observed: bool = False  # the confidences settle the next plan (whole block, or `plan_is_settled`)
 
 
 class DSparkBatchEngine:
@@ -267,15 +268,14 @@ class DSparkBatchEngine:
             lengths, draft = [0] * rows, None  # plain decoding: no drafter pass this round
         else:
             start = time.perf_counter()
-            draft = self._draft(budgets)
+            draft = self._draft(budgets, width)
             if width is not None:
                 self.policy.record_draft_seconds(time.perf_counter() - start, rows)
             if width == 1:  # a probe: its drafts are paid for, so Algorithm 1 on their own confidences
-                width = plan_verification_width(draft.confidences, self._speed(rows), self.drafter.config.block_size + 1,
-                                                early_stop=True)
+                width = self._probe_width(draft.confidences)
             lengths = self._verification_lengths(draft.confidences, budgets, width)
-            for request, values in zip(self.active, draft.confidences):
-                if len(values) == self.drafter.config.block_size:
+            if draft.observed:
+                for request, values in zip(self.active, draft.confidences):
                     request.last_confidences = values
         longest = max(lengths)
         verify_ids = self.anchor[:, None].clone()
@@ -292,6 +292,8 @@ class DSparkBatchEngine:
         for row, request in enumerate(self.active):
             committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits, draft)
             accepted.append(num_accepted)
+            if draft is not None and lengths[row] > 0:
+                self.policy.record_outcome(draft.confidences[row], lengths[row], num_accepted)
             if draft is not None:
                 request.stats.rounds.append(DSparkRoundStats(
                     draft.confidences[row][: lengths[row] + 1], lengths[row], num_accepted,
@@ -301,8 +303,11 @@ class DSparkBatchEngine:
         self._advance(accepted, longest, features, positions)
         return self._commit_and_retire(committed)
 
-    def _draft(self, budgets: list[int]) -> _Draft:
-        """One drafter forward for every row, then left-to-right sampling with the Markov bias."""
+    def _draft(self, budgets: list[int], width: int | None = None) -> _Draft:
+        """One drafter forward for every row, then left-to-right sampling with the Markov bias.
+
+        With the hardware-aware policy (`width` planned, 1 for a probe) a slot is sampled only while it is verified
+        or its token is needed to observe a confidence that could still change the next plan."""
         config, rows = self.drafter.config, len(self.active)
         block = config.block_size
         mask_ids = torch.full((rows, block - 1), config.mask_token_id, dtype=torch.long, device=self.device)
@@ -317,11 +322,17 @@ class DSparkBatchEngine:
         previous, state = self.anchor.to(hidden.device), None
         ids, logits, confidences = [], [], [[] for _ in range(rows)]
         sequences = [r.sequence for r in self.active]
+        observed = False
         for slot in range(num_slots):
             raw = self.drafter.confidence_logits(hidden[:, slot], previous)
             if raw is not None:
                 for row, value in enumerate(self.drafter.calibrated_confidence(raw, slot).tolist()):
                     confidences[row].append(value)
+            if width is not None:
+                observed = self._plan_settled(confidences)
+                verified = self._probe_width(confidences) == slot + 2 if width == 1 else slot < width - 1
+                if observed and not verified:
+                    break
             corrected = base_logits[:, slot]
             if self.drafter.markov_head is not None:
                 bias, state = self.drafter.markov_head(previous, hidden[:, slot], state)
@@ -333,16 +344,28 @@ class DSparkBatchEngine:
             ids.append(token)
             logits.append(corrected)
             previous = token
+        observed = observed or all(len(values) == block for values in confidences)
         if not ids:
             empty = torch.zeros(rows, 0, dtype=torch.long, device=self.device)
-            return _Draft(empty, base_logits[:, :0], confidences)
-        return _Draft(torch.stack(ids, dim=1), torch.stack(logits, dim=1), confidences)
+            return _Draft(empty, base_logits[:, :0], confidences, observed)
+        return _Draft(torch.stack(ids, dim=1), torch.stack(logits, dim=1), confidences, observed)
+
+    def _plan_settled(self, confidences: list[list[float]]) -> bool:
+        """Whether more slots of this round could change the width planned from it for the next round."""
+        rows = len(confidences)
+        return plan_is_settled([self.policy.corrected(c) for c in confidences], self._speed(rows),
+                               self.drafter.config.block_size + 1, draft_seconds=self.policy.drafting_cost(rows))
+
+    def _probe_width(self, confidences: list[list[float]]) -> int:
+        """A probe's width: Algorithm 1 over widths on this round's (corrected) confidences; its drafting is paid."""
+        return plan_verification_width([self.policy.corrected(c) for c in confidences], self._speed(len(confidences)),
+                                       self.drafter.config.block_size + 1, early_stop=True)
 
     def _planned_width(self) -> int:
         """Hardware-aware width for this round from the rows' stale confidences and the drafting cost (spec 5.3)."""
         rows = len(self.active)
         prior = self._prior_confidences() if any(not r.last_confidences for r in self.active) else None
-        stale = [r.last_confidences or prior for r in self.active]
+        stale = [self.policy.corrected(r.last_confidences or prior) for r in self.active]
         return plan_verification_width(stale, self._speed(rows), self.drafter.config.block_size + 1,
                                        draft_seconds=self.policy.drafting_cost(rows))
 

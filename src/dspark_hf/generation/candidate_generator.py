@@ -109,6 +109,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         if self._pending_round is not None:
             self._pending_round.accepted = int(num_matches)
+            if self._pending_round.drafted:
+                self.policy.record_outcome(self._pending_round.confidences, self._pending_round.verified,
+                                           int(num_matches))
             self.stats.rounds.append(self._pending_round)
             self._pending_round = None
 
@@ -172,10 +175,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
         Before sampling slot k, the confidence c_k (which reads x_{k-1} only) is computed and the policy decides
         whether slot k is drafted at all; the first "no" ends the block. A policy that plans from earlier rounds
         (`observes_rounds`) gets all `block_size` confidences afterwards: the slots past the cut are still sampled to
-        compute them, but never verified.
+        compute them, but never verified, and only as far as the policy's plan could still change
+        (`observation_complete`).
         """
-        drafter, policy = self.drafter, self.policy
-        num_slots = self.config.block_size if policy.observes_rounds else max_drafts
+        drafter, policy, block_size = self.drafter, self.policy, self.config.block_size
+        num_slots = block_size if policy.observes_rounds else max_drafts
         previous, sequence, state = input_ids[0, -1].to(hidden_states.device), input_ids, None
         draft_ids, draft_logits, confidences, raw_logits = [], [], [], []
         drafting = max_drafts > 0
@@ -185,7 +189,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 raw_logits.append(float(raw_confidence))
                 confidences.append(float(drafter.calibrated_confidence(raw_confidence, slot)))
             drafting = drafting and slot < max_drafts and policy.should_verify(slot + 1, confidences)
-            if not drafting and not policy.observes_rounds:
+            if not drafting and (not policy.observes_rounds or policy.observation_complete(confidences, block_size)):
                 break
             corrected = logits[slot]
             if drafter.markov_head is not None:
@@ -201,7 +205,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 draft_logits.append(corrected)
             sequence = torch.cat([sequence, token.to(sequence.dtype)], dim=-1)
             previous = token[0, 0].to(hidden_states.device)
-        if policy.observes_rounds and len(confidences) == self.config.block_size:
+        if policy.observes_rounds and policy.observation_complete(confidences, block_size):
             policy.observe(confidences)
         return draft_ids, draft_logits, confidences, raw_logits
 

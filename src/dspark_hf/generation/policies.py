@@ -25,7 +25,13 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..scheduling import StepsPerSecondCurve, schedule_verification_lengths, verification_capacity
+from ..scheduling import (
+    StepsPerSecondCurve,
+    plan_is_settled,
+    prefix_survival_probabilities,
+    schedule_verification_lengths,
+    verification_capacity,
+)
 
 
 class VerificationPolicy:
@@ -49,6 +55,13 @@ class VerificationPolicy:
 
     def record_draft_seconds(self, seconds: float, rows: int = 1) -> None:
         """Receives the wall time of a drafting pass over `rows` requests (for policies that weigh its cost)."""
+
+    def record_outcome(self, confidences: Sequence[float], verified: int, accepted: int) -> None:
+        """Receives a verified round's outcome: its confidences, drafts verified and drafts accepted."""
+
+    def observation_complete(self, confidences: Sequence[float], block_size: int) -> bool:
+        """For policies that observe rounds: whether c_1..c_k suffice (later slots cannot change what is learned)."""
+        return len(confidences) >= block_size
 
     def should_verify(self, position: int, confidences: Sequence[float]) -> bool:
         """Whether to draft and verify slot `position` (1-based).
@@ -137,6 +150,13 @@ class HardwareAwarePolicy(VerificationPolicy):
       so cliffs do not trap it; being planned from stale information, it is non-anticipating. The first round of a
       generation, with nothing observed yet, uses Algorithm 1.
 
+    Plans also correct the confidences online: the policy keeps a running ratio of the drafts the target accepted
+    to the number their confidences predicted (``Σ_{j<=ℓ} a_j`` per verified round, decaying with
+    `outcome_decay`), and scales the survival probabilities of later plans by it (``c_1 ← min(1, ratio · c_1)``).
+    A calibration fitted on other prompts is then pulled toward what this prompt, this machine and this sampling
+    mode actually accept; an over-confident drafter stops planning drafts that are not accepted. The ratio reads
+    finished rounds only, so plans stay non-anticipating.
+
     The planned mode also weighs the drafter's own cost: a round that verifies K >= 1 drafts takes
     ``1 / SPS(1 + K) + draft_seconds``, a round without drafts only ``1 / SPS(1)`` and no drafting at all. When the
     plan is 0 the drafter is not run; it probes again after 1, 2, 4, ... up to `max_idle_rounds` skipped rounds
@@ -155,7 +175,13 @@ class HardwareAwarePolicy(VerificationPolicy):
             measured while generating (a moving average, so it follows the machine's load); 0 ignores it (the
             paper's GPU setting).
         max_idle_rounds (`int`, defaults to 64): the longest run of rounds without drafting between two probes.
+        outcome_decay (`float`, defaults to 0.95): weight of the past per verified round in the acceptance ratio
+            (about 1 / (1 - decay) rounds of memory); `None` turns the online correction off.
     """
+
+    # Pseudo-count (in expected accepted drafts) that starts the acceptance ratio at 1: the calibration is trusted
+    # until a few rounds say otherwise.
+    OUTCOME_PRIOR = 2.0
 
     name = "hardware_aware"
     requires_confidence = True
@@ -166,6 +192,7 @@ class HardwareAwarePolicy(VerificationPolicy):
         mode: str = "planned",
         draft_seconds: float | None = None,
         max_idle_rounds: int = 64,
+        outcome_decay: float | None = 0.95,
     ):
         if isinstance(steps_per_second, (str, os.PathLike)):
             from ..profiling import load_steps_per_second  # lazy: profiling imports model loading
@@ -177,10 +204,13 @@ class HardwareAwarePolicy(VerificationPolicy):
             raise ValueError(f"draft_seconds must be a finite time >= 0 (or None to measure it), got {draft_seconds}.")
         if max_idle_rounds < 1:
             raise ValueError(f"max_idle_rounds must be >= 1, got {max_idle_rounds}.")
+        if outcome_decay is not None and not 0.0 <= outcome_decay < 1.0:
+            raise ValueError(f"outcome_decay must be in [0, 1) (or None for no online correction), got {outcome_decay}.")
         self.steps_per_second = StepsPerSecondCurve.from_table(steps_per_second)
         self.mode = mode
         self.draft_seconds = draft_seconds
         self.max_idle_rounds = max_idle_rounds
+        self.outcome_decay = outcome_decay
         self._measured_seconds: dict[int, float] = {}  # rows -> moving average of a drafting pass
         self.forget()
 
@@ -199,6 +229,33 @@ class HardwareAwarePolicy(VerificationPolicy):
         self._measured_seconds.clear()
         self._planned_length = None
         self._idle_rounds, self._backoff, self._probing = 0, 1, False
+        self._accepted, self._predicted = 0.0, 0.0  # decayed sums behind `acceptance_ratio`
+
+    def record_outcome(self, confidences: Sequence[float], verified: int, accepted: int) -> None:
+        if self.outcome_decay is None or verified <= 0 or len(confidences) < verified:
+            return
+        predicted = sum(prefix_survival_probabilities([list(confidences[:verified])])[0])
+        self._accepted = self.outcome_decay * self._accepted + accepted
+        self._predicted = self.outcome_decay * self._predicted + predicted
+
+    @property
+    def acceptance_ratio(self) -> float:
+        """Accepted drafts per predicted accepted draft over recent verified rounds (1 before any)."""
+        return (self._accepted + self.OUTCOME_PRIOR) / (self._predicted + self.OUTCOME_PRIOR)
+
+    def corrected(self, confidences: Sequence[float]) -> list[float]:
+        """Confidences with every survival probability scaled by `acceptance_ratio` (capped at 1)."""
+        values = [float(c) for c in confidences]
+        if values and self.outcome_decay is not None:
+            values[0] = min(1.0, values[0] * self.acceptance_ratio)
+        return values
+
+    def observation_complete(self, confidences: Sequence[float], block_size: int) -> bool:
+        """Whether the plan from c_1..c_k would equal the plan from the whole block ([`plan_is_settled`])."""
+        if self.mode != "planned" or len(confidences) >= block_size:
+            return len(confidences) >= block_size
+        return plan_is_settled([self.corrected(confidences)], self.steps_per_second, block_size + 1,
+                               draft_seconds=self.drafting_cost(1))
 
     def record_draft_seconds(self, seconds: float, rows: int = 1) -> None:
         previous = self._measured_seconds.get(rows)
@@ -222,7 +279,7 @@ class HardwareAwarePolicy(VerificationPolicy):
         self._probing = False
         if self.mode == "planned":
             self._planned_length = verification_capacity(
-                [list(confidences)], self.steps_per_second, draft_seconds=self.drafting_cost(1)
+                [self.corrected(confidences)], self.steps_per_second, draft_seconds=self.drafting_cost(1)
             )
 
     def should_draft(self) -> bool:
@@ -250,12 +307,13 @@ class HardwareAwarePolicy(VerificationPolicy):
         if self.mode == "planned" and self._planned_length is not None and not self._probing:
             return position <= self._planned_length
         # Algorithm 1 on this round's confidences (also the planned mode's first round, before any observation)
-        return schedule_verification_lengths([confidences[:position]], self.steps_per_second)[0] >= position
+        prefix = self.corrected(confidences[:position])
+        return schedule_verification_lengths([prefix], self.steps_per_second)[0] >= position
 
     def __repr__(self) -> str:
         table = dict(zip(self.steps_per_second.sizes, self.steps_per_second.speeds))
         return (f"HardwareAwarePolicy(steps_per_second={table}, mode={self.mode!r}, draft_seconds={self.draft_seconds!r}, "
-                f"max_idle_rounds={self.max_idle_rounds})")
+                f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay})")
 
 
 POLICIES = {cls.name: cls for cls in (FullBlockPolicy, FixedLengthPolicy, ThresholdPolicy, HardwareAwarePolicy)}
