@@ -339,8 +339,14 @@ def test_hardware_aware_policy_backs_off_a_drafter_that_does_not_pay():
     assert pattern == [False, True, False, False, True, False, False, False, False, True, False, False, False, False]
     policy.observe([0.99])  # a confident probe: 1.99 tokens in 0.161 s beat plain decoding, draft every round again
     assert policy.should_draft() and policy.should_draft() and policy.verification_length([0.1]) == 1
+    policy.record_outcome([0.99], verified=1, accepted=0)  # ... but the draft failed
+    policy.observe([0.3])
+    assert [policy.should_draft() for _ in range(5)] == [False] * 4 + [True]  # backoff kept at the cap
+    policy.record_outcome([0.5], verified=1, accepted=1)  # a round that paid what it promised
+    policy.observe([0.3])
+    assert [policy.should_draft() for _ in range(2)] == [False, True]  # backoff starts over at 1
     policy.reset()  # a new generation keeps what was learned
-    assert policy.should_draft() and policy.drafting_cost() == 0.05
+    assert policy._planned_length == 0 and policy.drafting_cost() == 0.05 and policy.acceptance_ratio < 1.0
     policy.forget()
     assert policy._planned_length is None
 

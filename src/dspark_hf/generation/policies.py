@@ -230,11 +230,16 @@ class HardwareAwarePolicy(VerificationPolicy):
         self._planned_length = None
         self._idle_rounds, self._backoff, self._probing = 0, 1, False
         self._accepted, self._predicted = 0.0, 0.0  # decayed sums behind `acceptance_ratio`
+        self._round_outcome = [0.0, 0.0]  # accepted and predicted drafts of the last verified round (all rows)
 
     def record_outcome(self, confidences: Sequence[float], verified: int, accepted: int) -> None:
-        if self.outcome_decay is None or verified <= 0 or len(confidences) < verified:
+        if verified <= 0 or len(confidences) < verified:
             return
         predicted = sum(prefix_survival_probabilities([list(confidences[:verified])])[0])
+        self._round_outcome[0] += accepted
+        self._round_outcome[1] += predicted
+        if self.outcome_decay is None:
+            return
         self._accepted = self.outcome_decay * self._accepted + accepted
         self._predicted = self.outcome_decay * self._predicted + predicted
 
@@ -287,9 +292,15 @@ class HardwareAwarePolicy(VerificationPolicy):
 
     def draft_this_round(self, nothing_planned: bool) -> bool:
         """Exponential backoff of drafting while the plan verifies nothing: after a probe that still plans 0, skip
-        1, 2, 4, ... `max_idle_rounds` rounds before the next probe; any plan above 0 drafts every round again."""
+        1, 2, 4, ... `max_idle_rounds` rounds before the next probe; any plan above 0 drafts every round again. The
+        backoff starts over at 1 only after a round whose drafts were accepted at least as often as their confidences
+        predicted, so a probe that plans drafts which then fail does not restart frequent probing."""
+        accepted, predicted = self._round_outcome
+        self._round_outcome = [0.0, 0.0]
+        if predicted > 0 and accepted >= predicted:
+            self._backoff = 1
         if not nothing_planned:
-            self._idle_rounds, self._backoff = 0, 1
+            self._idle_rounds = 0
             return True
         if self._idle_rounds < self._backoff:
             self._idle_rounds += 1
