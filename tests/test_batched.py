@@ -159,6 +159,7 @@ def test_batched_hardware_aware_skips_a_costly_drafter_and_stays_lossless():
     skipped = sum(not r.drafted for r in rounds)
     assert 0 < skipped < len(rounds)
     assert len(calls) == len(rounds) - skipped  # a skipped round never runs the drafter's block forward
+    assert policy._step_seconds and all(seconds > 0 for seconds in policy._step_seconds.values())  # steps timed
 
 
 def test_plan_verification_width_weighs_the_drafting_cost():

@@ -417,3 +417,19 @@ def test_online_correction_pulls_overconfident_plans_down():
     assert off.corrected([0.3]) == [0.3]
     with pytest.raises(ValueError, match="outcome_decay"):
         HardwareAwarePolicy(speeds, outcome_decay=1.0)
+
+
+def test_hardware_aware_policy_prefers_measured_step_speeds():
+    policy = HardwareAwarePolicy({1: 10.0, 2: 8.0})
+    profiled = {1: 10.0, 2: 8.0, 3: 6.0}.get
+    assert policy.measured_speed(4, 2, profiled) == 8.0  # nothing measured: the profile
+    policy.record_step_seconds(0.2, rows=4, width=1)  # plain steps run at 5/s here, half the profiled 10/s
+    assert policy.measured_speed(4, 2, profiled) == pytest.approx(4.0)  # unmeasured widths scale with it
+    policy.record_step_seconds(0.5, rows=4, width=2)
+    assert policy.measured_speed(4, 2, profiled) == pytest.approx(2.0)  # measured: used as is
+    policy.record_step_seconds(0.25, rows=4, width=2)
+    assert policy.measured_speed(4, 2, profiled) == pytest.approx(1 / 0.45)  # moving average
+    assert policy.measured_speed(8, 2, profiled) == 8.0  # other row counts keep the profile
+    assert policy.measured_speed(4, 4, profiled) is None  # past the profile: still not admissible
+    policy.forget()
+    assert policy.measured_speed(4, 2, profiled) == 8.0

@@ -278,6 +278,7 @@ class DSparkBatchEngine:
                 for request, values in zip(self.active, draft.confidences):
                     request.last_confidences = values
         longest = max(lengths)
+        step_start = time.perf_counter()
         verify_ids = self.anchor[:, None].clone()
         if longest:
             verify_ids = torch.cat([verify_ids, draft.ids[:, :longest]], dim=1)
@@ -301,6 +302,8 @@ class DSparkBatchEngine:
             elif self.drafter is not None:
                 request.stats.rounds.append(DSparkRoundStats([], 0, 0, drafted=False))
         self._advance(accepted, longest, features, positions)
+        if isinstance(self.policy, HardwareAwarePolicy):
+            self.policy.record_step_seconds(time.perf_counter() - step_start, rows, longest + 1)
         return self._commit_and_retire(committed)
 
     def _draft(self, budgets: list[int], width: int | None = None) -> _Draft:
@@ -379,9 +382,13 @@ class DSparkBatchEngine:
         return [max(0, min(length, budget)) for length, budget in zip(lengths, budgets)]
 
     def _speed(self, rows: int) -> Callable[[int], float | None]:
+        """Steps per second by width for `rows` rows: measured on this engine where it has run that size, else the
+        profile (rescaled by the measured plain-decoding speed; see `HardwareAwarePolicy.measured_speed`)."""
         if self.steps_per_second_by_rows is not None:
-            return batch_speed_table(self.steps_per_second_by_rows, rows)
-        return lambda width: self.policy.steps_per_second(rows * width)
+            profiled = batch_speed_table(self.steps_per_second_by_rows, rows)
+        else:
+            profiled = lambda width: self.policy.steps_per_second(rows * width)  # noqa: E731
+        return lambda width: self.policy.measured_speed(rows, width, profiled)
 
     def _prior_confidences(self) -> list[float]:
         """Per-slot mean of the latest confidences of rows that have drafted: the plan for a row's first round."""

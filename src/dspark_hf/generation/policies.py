@@ -227,6 +227,7 @@ class HardwareAwarePolicy(VerificationPolicy):
     def forget(self) -> None:
         """Drops everything learned: measured drafting times, the plan and the backoff."""
         self._measured_seconds.clear()
+        self._step_seconds: dict[tuple[int, int], float] = {}  # (rows, width) -> moving average of a step
         self._planned_length = None
         self._idle_rounds, self._backoff, self._probing = 0, 1, False
         self._accepted, self._predicted = 0.0, 0.0  # decayed sums behind `acceptance_ratio`
@@ -265,6 +266,28 @@ class HardwareAwarePolicy(VerificationPolicy):
     def record_draft_seconds(self, seconds: float, rows: int = 1) -> None:
         previous = self._measured_seconds.get(rows)
         self._measured_seconds[rows] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+
+    def record_step_seconds(self, seconds: float, rows: int, width: int) -> None:
+        """Receives the wall time of a verification step (target forward and acceptance) of `rows` rows verifying
+        `width` tokens each; kept as a moving average per (rows, width)."""
+        previous = self._step_seconds.get((rows, width))
+        self._step_seconds[(rows, width)] = seconds if previous is None else 0.8 * previous + 0.2 * seconds
+
+    def measured_speed(self, rows: int, width: int, profiled) -> float | None:
+        """Steps per second of a (rows, width) verification step: measured here when this size has run, else the
+        profile `profiled(width)` scaled by how much faster or slower than profiled this many rows decode now.
+
+        A profile is measured once, at one context length, on an idle machine; the steps the engine actually runs
+        (longer caches with holes, other load) can cost 30% more, and not uniformly across widths. Measured sizes
+        replace the guess, so a plan that does not pay on the live machine stops being chosen."""
+        measured = self._step_seconds.get((rows, width))
+        if measured is not None:
+            return 1.0 / measured
+        speed = profiled(width)
+        base, profiled_base = self._step_seconds.get((rows, 1)), profiled(1)
+        if speed is None or base is None or not profiled_base:
+            return speed
+        return speed * (1.0 / base) / profiled_base
 
     def drafting_cost(self, rows: int = 1) -> float:
         """Seconds of one drafting pass over `rows` requests: `draft_seconds` (per row) when given, else measured
