@@ -208,3 +208,37 @@ def test_bench_load_pools_passes_by_totals():
     assert row["throughput_tok_s"] == 20.0  # 800 tokens in 40 s, not the mean of the two rates
     assert row["per_request_tok_s"] == 7.0 and row["tau"] == 1.25 and row["mean_verified"] == 1.5
     assert row["passes"] == 2 and row["skipped_rounds"] == 10 and row["pass_throughputs_tok_s"][0] == 40.0
+
+
+def test_compact_slots_right_aligns_each_rows_valid_slots():
+    from transformers import DynamicCache
+
+    from dspark_hf.generation.cache_ops import compact_slots
+
+    mask = torch.tensor([[0, 1, 0, 1, 1, 0], [1, 0, 0, 0, 1, 0], [0, 0, 0, 0, 0, 1]], dtype=torch.bool)
+    keys = torch.arange(3 * 6, dtype=torch.float32).reshape(3, 1, 6, 1).expand(3, 2, 6, 4).clone()
+    cache = DynamicCache()
+    cache.update(keys, -keys, 0)
+    new_mask = compact_slots([cache, None], mask)
+    assert new_mask.tolist() == [[True] * 3, [False, True, True], [False, False, True]]
+    kept = cache.layers[0].keys[:, 0, :, 0]
+    assert kept[0].tolist() == [1.0, 3.0, 4.0]  # order kept
+    assert kept[1, 1:].tolist() == [6.0, 10.0] and kept[2, 2:].tolist() == [17.0]
+    assert torch.equal(cache.layers[0].values, -cache.layers[0].keys)
+
+
+def test_engine_compacts_holes_and_stays_identical(monkeypatch):
+    from dspark_hf.generation import cache_ops
+
+    calls = []
+    original = cache_ops.compact_slots
+    monkeypatch.setattr(cache_ops, "compact_slots", lambda *args: calls.append(1) or original(*args))
+    target = make_target("qwen3", seed=21, vocab_size=8)  # 8 tokens: random drafts are sometimes accepted
+    drafter = make_drafter(target, block_size=6)  # rows accept different numbers of drafts: holes
+    prompts = [[5, 6, 7], [3, 4, 5, 6, 7, 3, 4, 5], [6], [3, 7]]
+    engine = DSparkBatchEngine(target, drafter, policy="full", pad_token_id=0)
+    requests = [engine.add_request(p, 30) for p in prompts]
+    engine.run()
+    assert calls  # the holes were squeezed out at least once
+    for prompt, request in zip(prompts, requests):
+        assert request.output_ids == solo(target, prompt, 30, eos_token_id=None)

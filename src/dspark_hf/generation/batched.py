@@ -24,9 +24,13 @@ from transformers.generation.utils import _speculative_sampling
 
 from ..modeling_dspark import DSparkDrafter
 from ..scheduling import drafted_step_throughput, plan_is_settled
+from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
 from .policies import FullBlockPolicy, HardwareAwarePolicy, VerificationPolicy, get_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
+
+
+COMPACT_MIN_SLOTS = 8  # never compact the caches for fewer reclaimable slots than this
 
 
 def plan_verification_width(
@@ -430,6 +434,11 @@ class DSparkBatchEngine:
         if self.drafter is not None:
             self._ingest(self.draft_cache, features[:, :keep], positions[:, :keep])
         self.next_position = self.next_position + 1 + counts
+        # Rejected drafts leave holes; every later step appends to (copies) and attends over the whole slot axis, so
+        # squeeze them out once they are an eighth of it.
+        width = self.slot_mask.shape[1]
+        if width - int(self.slot_mask.sum(dim=1).max()) >= max(COMPACT_MIN_SLOTS, width // 8):
+            self.slot_mask = cache_ops.compact_slots([self.cache, self.draft_cache], self.slot_mask)
 
     def _commit_and_retire(self, committed: dict[int, list[int]]) -> list[DSparkRequest]:
         """Appends each row's committed tokens (cut at EOS and budget), sets anchors, removes finished rows."""

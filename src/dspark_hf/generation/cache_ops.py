@@ -54,3 +54,27 @@ def concat_rows(first: DynamicCache, second: DynamicCache) -> None:
             continue
         layer_a.keys = torch.cat([layer_a.keys, layer_b.keys], dim=0)
         layer_a.values = torch.cat([layer_a.values, layer_b.values], dim=0)
+
+
+def compact_slots(caches: list[DynamicCache | None], slot_mask: torch.Tensor) -> torch.Tensor:
+    """Squeezes the holes out of every row: each row's valid slots move, in order, to the right end of a slot axis
+    as wide as the fullest row (shorter rows are left-padded with holes). Returns the new `slot_mask`.
+
+    Valid because keys carry their rotary position already and attention ignores key order under the mask; the
+    engine keeps each row's positions separately. One gather per layer, about the cost of one cache append.
+    """
+    rows, width = slot_mask.shape
+    kept = slot_mask.sum(dim=1)
+    new_width = int(kept.max()) if rows else 0
+    # Sort each row's slots holes-first, keeping order within valid slots and within holes (stable), then keep the
+    # last `new_width`: exactly the valid slots, right-aligned.
+    order = torch.sort(slot_mask.to(torch.int8), dim=1, stable=True).indices[:, width - new_width:]
+    for cache in caches:
+        if cache is None:
+            continue
+        for layer in _layers(cache):
+            index = order.to(layer.keys.device)[:, None, :, None]
+            layer.keys = layer.keys.gather(2, index.expand(*layer.keys.shape[:2], new_width, layer.keys.shape[-1]))
+            layer.values = layer.values.gather(
+                2, index.expand(*layer.values.shape[:2], new_width, layer.values.shape[-1]))
+    return torch.gather(slot_mask, 1, order)
