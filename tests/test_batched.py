@@ -242,3 +242,28 @@ def test_engine_compacts_holes_and_stays_identical(monkeypatch):
     assert calls  # the holes were squeezed out at least once
     for prompt, request in zip(prompts, requests):
         assert request.output_ids == solo(target, prompt, 30, eos_token_id=None)
+
+
+def test_new_requests_take_over_finished_rows_in_place(monkeypatch):
+    """Closed loop: whenever a request finishes, a new one arrives; it takes over the freed row (no row removal and
+    append), including prompts longer than the current slot axis, and every output equals solo generation."""
+    taken, removed = [], []
+    original_take_over, original_select = DSparkBatchEngine._take_over, DSparkBatchEngine._select_rows
+    monkeypatch.setattr(DSparkBatchEngine, "_take_over",
+                        lambda self, rows, *args: taken.append(len(rows)) or original_take_over(self, rows, *args))
+    monkeypatch.setattr(DSparkBatchEngine, "_select_rows",
+                        lambda self, keep: removed.append(len(keep)) or original_select(self, keep))
+    target = make_target("llama", seed=31, vocab_size=8)
+    drafter = make_drafter(target, block_size=4)
+    prompts = [[5, 6, 7], [3, 4], [6, 6, 6, 6, 6], [7], [3] * 40, [4, 5], [6, 7, 3], [5] * 12]
+    lengths = [9, 5, 12, 7, 6, 10, 4, 8]
+    engine = DSparkBatchEngine(target, drafter, pad_token_id=0)
+    queue = list(zip(prompts, lengths))
+    requests = [engine.add_request(*queue.pop(0)) for _ in range(3)]
+    while engine.active or engine.waiting:
+        for _ in engine.step():
+            if queue:
+                requests.append(engine.add_request(*queue.pop(0)))
+    assert sum(taken) >= 4  # most arrivals reused a row
+    for (prompt, length), request in zip(zip(prompts, lengths), requests):
+        assert request.output_ids == solo(target, prompt, length, eos_token_id=None), request.request_id

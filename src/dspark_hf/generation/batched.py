@@ -183,8 +183,13 @@ class DSparkBatchEngine:
 
     @torch.no_grad()
     def step(self) -> list[DSparkRequest]:
-        """Admits waiting requests (prefill), then runs one draft-and-verify round; returns requests that finished."""
+        """Admits waiting requests (prefill), then runs one draft-and-verify round; returns requests that finished.
+
+        A finished request keeps its row until the next step: a request admitted then takes the row over in place
+        (its prefilled K/V written into the row), which spares copying every other row's cache, as removing a row
+        and appending one would. Rows nobody takes over are removed before the round."""
         done = self._admit() if self.waiting else []
+        self._drop_finished()
         if self.active:
             done += self._round()
         return done
@@ -239,9 +244,54 @@ class DSparkBatchEngine:
             draft_cache = DynamicCache(config=self.drafter.config)
             self._ingest(draft_cache, features, positions)
         first = torch.stack([self._pick(r.prompt_ids, logits[i, -1]) for i, r in enumerate(new)])
-        self._merge(new, cache, draft_cache, mask, positions[:, -1] + 1, first)
-        new_rows = range(len(self.active) - len(new), len(self.active))
+        next_position = positions[:, -1] + 1
+        free = [row for row, request in enumerate(self.active) if request.finished][: len(new)]
+        if free:
+            self._take_over(free, new[: len(free)], cache, draft_cache, mask, next_position, first)
+        rest = list(range(len(free), len(new)))
+        if rest:
+            if free:  # only the requests that found no free row are appended
+                index = torch.tensor(rest, device=self.device)
+                cache.batch_select_indices(index)
+                if draft_cache is not None:
+                    draft_cache.batch_select_indices(index.to(self.drafter.device))
+                mask, next_position, first_rest = mask[index], next_position[index], first[index]
+            else:
+                first_rest = first
+            self._merge([new[i] for i in rest], cache, draft_cache, mask, next_position, first_rest)
+        new_rows = free + list(range(len(self.active) - len(rest), len(self.active)))
         return self._commit_and_retire(dict(zip(new_rows, ([t] for t in first.tolist()))))
+
+    def _take_over(self, rows, requests, cache, draft_cache, mask, next_position, anchor) -> None:
+        """Writes the first `len(rows)` prefilled requests into the (finished) `rows`, right-aligned on the slot axis."""
+        width, new_width = self.slot_mask.shape[1], mask.shape[1]
+        if new_width > width:  # the prompt is longer than the slot axis: grow every row by holes on the left
+            pad_slots_left(self.cache, new_width - width)
+            pad_slots_left(self.draft_cache, new_width - width)
+            self.slot_mask = pad_mask_left(self.slot_mask, new_width - width)
+            width = new_width
+        count = len(rows)
+        for main, part in ((self.cache, cache), (self.draft_cache, draft_cache)):
+            if main is None:
+                continue
+            index = torch.tensor(rows, device=cache_ops.layer_device(main))
+            for main_layer, part_layer in zip(cache_ops.initialized_layers(main), cache_ops.initialized_layers(part)):
+                for name in ("keys", "values"):
+                    states, new_states = getattr(main_layer, name), getattr(part_layer, name)[:count]
+                    states[index] = torch.cat(
+                        [new_states.new_zeros(count, *new_states.shape[1:2], width - new_width, new_states.shape[-1]),
+                         new_states], dim=2)
+        index = torch.tensor(rows, device=self.device)
+        self.slot_mask = self.slot_mask.clone()
+        self.slot_mask[index] = pad_mask_left(mask[:count], width - new_width)
+        self.next_position[index] = next_position[:count]
+        self.anchor[index] = anchor[:count]
+        for row, request in zip(rows, requests):
+            self.active[row] = request
+
+    def _drop_finished(self) -> None:
+        if any(request.finished for request in self.active):
+            self._select_rows([row for row, request in enumerate(self.active) if not request.finished])
 
     def _merge(self, requests, cache, draft_cache, mask, next_position, anchor) -> None:
         if self.cache is None:
@@ -441,7 +491,7 @@ class DSparkBatchEngine:
             self.slot_mask = cache_ops.compact_slots([self.cache, self.draft_cache], self.slot_mask)
 
     def _commit_and_retire(self, committed: dict[int, list[int]]) -> list[DSparkRequest]:
-        """Appends each row's committed tokens (cut at EOS and budget), sets anchors, removes finished rows."""
+        """Appends each row's committed tokens (cut at EOS and budget), sets anchors, marks finished requests."""
         done = []
         for row, tokens in committed.items():
             request = self.active[row]
@@ -455,10 +505,7 @@ class DSparkBatchEngine:
             if len(request.output_ids) >= request.max_new_tokens or tokens[-1] in self.eos_token_ids:
                 request.finished, request.finish_time = True, time.perf_counter()
                 done.append(request)
-        if done:
-            keep_rows = [i for i, r in enumerate(self.active) if not r.finished]
-            self._select_rows(keep_rows)
-            self.finished += done
+        self.finished += done  # their rows are freed at the next step (taken over by new requests, or removed)
         return done
 
     def _select_rows(self, keep_rows: list[int]) -> None:

@@ -11,15 +11,22 @@ import torch
 from transformers import DynamicCache
 
 
-def _layers(cache: DynamicCache):
+def initialized_layers(cache: DynamicCache):
+    """The layers of `cache` that hold K/V (a drafter's cache may have fewer layers filled than configured)."""
     return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0]
+
+
+
+def layer_device(cache: DynamicCache) -> torch.device:
+    layers = initialized_layers(cache)
+    return layers[0].keys.device if layers else torch.device("cpu")
 
 
 def pad_slots_left(cache: DynamicCache | None, num_slots: int) -> None:
     """Prepends `num_slots` empty slots to every row of `cache` (the caller masks them)."""
     if cache is None or num_slots <= 0:
         return
-    for layer in _layers(cache):
+    for layer in initialized_layers(cache):
         for name in ("keys", "values"):
             states = getattr(layer, name)
             pad = states.new_zeros(*states.shape[:2], num_slots, states.shape[-1])
@@ -34,7 +41,7 @@ def drop_slots_left(cache: DynamicCache | None, num_slots: int) -> None:
     """Removes the first `num_slots` slots of every row of `cache`."""
     if cache is None or num_slots <= 0:
         return
-    for layer in _layers(cache):
+    for layer in initialized_layers(cache):
         layer.keys = layer.keys[:, :, num_slots:]
         layer.values = layer.values[:, :, num_slots:]
 
@@ -72,7 +79,7 @@ def compact_slots(caches: list[DynamicCache | None], slot_mask: torch.Tensor) ->
     for cache in caches:
         if cache is None:
             continue
-        for layer in _layers(cache):
+        for layer in initialized_layers(cache):
             index = order.to(layer.keys.device)[:, None, :, None]
             layer.keys = layer.keys.gather(2, index.expand(*layer.keys.shape[:2], new_width, layer.keys.shape[-1]))
             layer.values = layer.values.gather(
