@@ -267,3 +267,28 @@ def test_new_requests_take_over_finished_rows_in_place(monkeypatch):
     assert sum(taken) >= 4  # most arrivals reused a row
     for (prompt, length), request in zip(zip(prompts, lengths), requests):
         assert request.output_ids == solo(target, prompt, length, eos_token_id=None), request.request_id
+
+
+def test_appending_layer_behaves_like_concatenation():
+    from dspark_hf.generation.cache_ops import AppendingLayer
+
+    layer, reference = AppendingLayer(), []
+    chunks = [torch.randn(2, 3, n, 4) for n in (5, 1, 3, 1, 70, 2)]
+    for i, chunk in enumerate(chunks):
+        keys, values = layer.update(chunk, -chunk)
+        reference.append(chunk)
+        assert torch.equal(keys, torch.cat(reference, dim=2)) and torch.equal(values, -keys)
+        if i == 1:
+            buffer = layer._keys_buffer
+        if i == 2:
+            assert layer._keys_buffer is buffer  # appended in place, no new tensor
+    layer.crop(-3)  # a crop keeps the view; the next append overwrites the cropped slots
+    reference[-1] = reference[-1][:, :, :0]
+    reference[-2] = reference[-2][:, :, :-1]
+    new = torch.randn(2, 3, 2, 4)
+    keys, _ = layer.update(new, -new)
+    assert torch.equal(keys, torch.cat(reference + [new], dim=2))
+    layer.keys, layer.values = layer.keys[[1, 0]], layer.values[[1, 0]]  # replaced by a row selection: reallocates
+    more = torch.randn(2, 3, 1, 4)
+    keys, _ = layer.update(more, -more)
+    assert torch.equal(keys, torch.cat([torch.cat(reference + [new], dim=2)[[1, 0]], more], dim=2))

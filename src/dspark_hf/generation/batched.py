@@ -237,11 +237,11 @@ class DSparkBatchEngine:
             ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids, device=self.device)
             mask[row, width - len(request.prompt_ids):] = True
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
-        cache = DynamicCache(config=self.target.config)
+        cache = cache_ops.slot_cache(self.target.config)
         logits, features = self._target_forward(ids, mask, positions, cache)
         draft_cache = None
         if self.drafter is not None:
-            draft_cache = DynamicCache(config=self.drafter.config)
+            draft_cache = cache_ops.slot_cache(self.drafter.config)
             self._ingest(draft_cache, features, positions)
         first = torch.stack([self._pick(r.prompt_ids, logits[i, -1]) for i, r in enumerate(new)])
         next_position = positions[:, -1] + 1
