@@ -225,7 +225,8 @@ class HardwareAwarePolicy(VerificationPolicy):
         self._idle_rounds, self._probing = 0, False
 
     def forget(self) -> None:
-        """Drops everything learned: measured drafting times, the plan and the backoff."""
+        """Drops everything learned: measured drafting and step times, the plan, the backoff and the acceptance
+        ratio."""
         self._measured_seconds.clear()
         self._step_seconds: dict[tuple[int, int], float] = {}  # (rows, width) -> moving average of a step
         self._planned_length = None
