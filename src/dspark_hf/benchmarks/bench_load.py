@@ -184,7 +184,8 @@ def main(argv=None) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     document = {"command": " ".join(["dspark-hf", "bench-load", *(argv if argv is not None else sys.argv[2:])]),
-                "machine": machine_info(), "versions": version_info(), "settings": {**vars(args), "drafter_dtype_resolved": str(drafter.dtype).removeprefix("torch.")},
+                "machine": machine_info(), "versions": version_info(), "settings": {**vars(args),
+                             "drafter_dtype_resolved": str(drafter.dtype).removeprefix("torch.")},
                 "results": results}
     (out / "bench_load.json").write_text(json.dumps(document, indent=2) + "\n")
     lines = ["| concurrency | method | total tok/s | vs target | per-request tok/s | tau | mean verified | "

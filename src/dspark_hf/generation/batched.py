@@ -248,17 +248,15 @@ class DSparkBatchEngine:
         free = [row for row, request in enumerate(self.active) if request.finished][: len(new)]
         if free:
             self._take_over(free, new[: len(free)], cache, draft_cache, mask, next_position, first)
-        rest = list(range(len(free), len(new)))
+        rest = new[len(free):]  # requests that found no free row: appended
         if rest:
-            if free:  # only the requests that found no free row are appended
-                index = torch.tensor(rest, device=self.device)
+            if free:  # keep only their rows of the prefilled caches
+                index = torch.arange(len(free), len(new), device=self.device)
                 cache.batch_select_indices(index)
                 if draft_cache is not None:
                     draft_cache.batch_select_indices(index.to(self.drafter.device))
-                mask, next_position, first_rest = mask[index], next_position[index], first[index]
-            else:
-                first_rest = first
-            self._merge([new[i] for i in rest], cache, draft_cache, mask, next_position, first_rest)
+            tail = slice(len(free), None)
+            self._merge(rest, cache, draft_cache, mask[tail], next_position[tail], first[tail])
         new_rows = free + list(range(len(self.active) - len(rest), len(self.active)))
         return self._commit_and_retire(dict(zip(new_rows, ([t] for t in first.tolist()))))
 
@@ -271,18 +269,15 @@ class DSparkBatchEngine:
             self.slot_mask = pad_mask_left(self.slot_mask, new_width - width)
             width = new_width
         count = len(rows)
+        index = torch.tensor(rows, device=self.device)
         for main, part in ((self.cache, cache), (self.draft_cache, draft_cache)):
             if main is None:
                 continue
-            index = torch.tensor(rows, device=cache_ops.layer_device(main))
+            pad_slots_left(part, width - new_width)  # right-align the new rows on the slot axis
             for main_layer, part_layer in zip(cache_ops.initialized_layers(main), cache_ops.initialized_layers(part)):
                 for name in ("keys", "values"):
-                    states, new_states = getattr(main_layer, name), getattr(part_layer, name)[:count]
-                    states[index] = torch.cat(
-                        [new_states.new_zeros(count, *new_states.shape[1:2], width - new_width, new_states.shape[-1]),
-                         new_states], dim=2)
-        index = torch.tensor(rows, device=self.device)
-        self.slot_mask = self.slot_mask.clone()
+                    states = getattr(main_layer, name)
+                    states[index.to(states.device)] = getattr(part_layer, name)[:count]
         self.slot_mask[index] = pad_mask_left(mask[:count], width - new_width)
         self.next_position[index] = next_position[:count]
         self.anchor[index] = anchor[:count]
@@ -387,8 +382,7 @@ class DSparkBatchEngine:
                     confidences[row].append(value)
             if width is not None:
                 observed = self._plan_settled(confidences)
-                verified = self._probe_width(confidences) == slot + 2 if width == 1 else slot < width - 1
-                if observed and not verified:
+                if observed and not self._slot_verified(slot, width, confidences):
                     break
             corrected = base_logits[:, slot]
             if self.drafter.markov_head is not None:
@@ -412,6 +406,13 @@ class DSparkBatchEngine:
         rows = len(confidences)
         return plan_is_settled([self.policy.corrected(c) for c in confidences], self._speed(rows),
                                self.drafter.config.block_size + 1, draft_seconds=self.policy.drafting_cost(rows))
+
+    def _slot_verified(self, slot: int, width: int, confidences: list[list[float]]) -> bool:
+        """Whether `slot`'s drafts will be verified: below the planned width, or, in a probe (`width == 1`), while
+        Algorithm 1 on this round's confidences still extends the width."""
+        if width == 1:
+            return self._probe_width(confidences) == slot + 2
+        return slot < width - 1
 
     def _probe_width(self, confidences: list[list[float]]) -> int:
         """A probe's width: Algorithm 1 over widths on this round's (corrected) confidences; its drafting is paid."""

@@ -60,11 +60,6 @@ def initialized_layers(cache: DynamicCache):
 
 
 
-def layer_device(cache: DynamicCache) -> torch.device:
-    layers = initialized_layers(cache)
-    return layers[0].keys.device if layers else torch.device("cpu")
-
-
 def pad_slots_left(cache: DynamicCache | None, num_slots: int) -> None:
     """Prepends `num_slots` empty slots to every row of `cache` (the caller masks them)."""
     if cache is None or num_slots <= 0:

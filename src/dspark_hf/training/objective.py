@@ -63,7 +63,8 @@ def drafter_block_states(
 def corrected_draft_logits(
     drafter: DSparkDrafter, states: torch.Tensor, previous_ids: torch.LongTensor, supervised: torch.BoolTensor
 ) -> torch.Tensor:
-    """``z = U(h) + bias(previous token)`` (``U = lm_head``, soft-capped for Gemma) at the supervised slots, `(N, vocab)` fp32 (teacher forced).
+    """``z = U(h) + bias(previous token)`` (``U = lm_head``, soft-capped for Gemma) at the supervised slots,
+    `(N, vocab)` fp32 (teacher forced).
 
     Args:
         states (`torch.Tensor` of shape `(batch, n, B, hidden)`), previous_ids (`torch.LongTensor` of shape
