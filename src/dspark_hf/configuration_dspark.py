@@ -42,6 +42,7 @@ class DSparkKeys:
     confidence_head_with_markov: bool = True
     confidence_temperatures: list[float] | None = None
     target_model_type: str | None = None
+    draft_vocab_size: int | None = None
 
     def validate_dspark(self) -> None:
         """Raises `ValueError` naming the offending value when the DSpark keys are inconsistent."""
@@ -67,6 +68,11 @@ class DSparkKeys:
             raise ValueError(f"markov_rank must be >= 0 (0 disables the Markov head), got {self.markov_rank}.")
         if self.markov_head_type not in MARKOV_HEAD_TYPES:
             raise ValueError(f"markov_head_type must be one of {MARKOV_HEAD_TYPES}, got {self.markov_head_type!r}.")
+        if self.draft_vocab_size is not None and not 0 < self.draft_vocab_size <= self.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size must be in [1, vocab_size={self.vocab_size}] (or None for the full vocabulary), got "
+                f"{self.draft_vocab_size}."
+            )
         temps = self.confidence_temperatures
         if temps is not None and (len(temps) != self.block_size or any(t <= 0 for t in temps)):
             raise ValueError(
@@ -109,6 +115,10 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
         Per-position temperatures fitted by Sequential Temperature Scaling; ``None`` means uncalibrated (all 1).
     target_model_type (`str`, *optional*):
         ``model_type`` of the target (e.g. ``"llama"``); informational.
+    draft_vocab_size (`int`, *optional*):
+        Size of a reduced draft vocabulary (the EAGLE-3 / vLLM convention): the LM head and the Markov head's ``W2``
+        score only these tokens, whose target ids the ``d2t`` buffer holds as offsets (``target = draft + d2t``).
+        ``None`` drafts over the whole vocabulary. See [`DSparkDrafter.reduce_vocabulary`].
 
     Example:
 
@@ -184,6 +194,8 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
             output.pop("confidence_temperatures", None)
         if self.target_model_type is None:  # DeepSpec's Qwen3 configs have no such key
             output.pop("target_model_type", None)
+        if self.draft_vocab_size is None:
+            output.pop("draft_vocab_size", None)
         return output
 
     @classmethod

@@ -61,6 +61,8 @@ _FORBIDDEN_KEYS = {
     "per_layer_config": "transformers >= 5.2x internal; write global_head_dim / num_global_key_value_heads",
 }
 _SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
+# Integer / boolean tensors of a reduced draft vocabulary; the config's dtype is about the float weights.
+_INDEX_TENSORS = ("d2t", "t2d")
 
 
 def drafter_variant(config: Mapping[str, Any]) -> str:
@@ -106,8 +108,11 @@ def expected_tensor_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ..
         "fc.weight": (hidden, len(config["target_layer_ids"]) * hidden),
         "hidden_norm.weight": (hidden,),
         "norm.weight": (hidden,),
-        "lm_head.weight": (vocab, hidden),
+        "lm_head.weight": (config.get("draft_vocab_size") or vocab, hidden),
     }
+    if config.get("draft_vocab_size"):  # reduced draft vocabulary (EAGLE-3 / vLLM convention)
+        shapes["d2t"] = (config["draft_vocab_size"],)
+        shapes["t2d"] = (vocab,)
     projections = {"q_proj": heads * head_dim, "k_proj": kv_heads * head_dim}
     if has_v_proj:
         projections["v_proj"] = kv_heads * head_dim
@@ -138,7 +143,7 @@ def _head_shapes(config: Mapping[str, Any], vocab: int, hidden: int, rank: int) 
     shapes: dict[str, tuple[int, ...]] = {}
     if rank > 0:
         shapes["markov_head.markov_w1.weight"] = (vocab, rank)
-        shapes["markov_head.markov_w2.weight"] = (vocab, rank)
+        shapes["markov_head.markov_w2.weight"] = (config.get("draft_vocab_size") or vocab, rank)
         head_type = config.get("markov_head_type", "vanilla")
         if head_type == "gated":
             shapes["markov_head.gate_proj.weight"] = (rank, hidden + rank)
@@ -276,7 +281,7 @@ def check_checkpoint(checkpoint: str | Path, *, for_vllm: bool = False) -> list[
         shape, dtype = found[name]
         if shape != expected[name]:
             problems.append(f"{name} has shape {list(shape)}, expected {list(expected[name])}")
-        if want_dtype is not None and dtype != want_dtype:
+        if want_dtype is not None and dtype != want_dtype and name not in _INDEX_TENSORS:
             problems.append(f"{name} is {dtype}, but config.json says dtype={config.get('dtype')!r}")
     return problems
 
@@ -317,7 +322,8 @@ def to_vllm_state_dict(state_dict: Mapping[str, torch.Tensor], config: Mapping[s
 
     Qwen3 (``qwen3_dspark.py`` over ``qwen3_dflash.py``): q/k/v are concatenated (in that order, along the output
     dim) into ``qkv_proj``. Both variants: gate/up into ``gate_up_proj``; ``model.`` prefix except ``lm_head``.
-    Gemma4 (``gemma4_dspark.py``): q/k/v stay separate and the confidence head is not loaded.
+    Gemma4 (``gemma4_dspark.py``): q/k/v stay separate and the confidence head is not loaded. A reduced draft
+    vocabulary's ``d2t`` becomes ``draft_id_to_target_id``; ``t2d`` is not loaded.
 
     Args:
         state_dict (`Mapping[str, torch.Tensor]`): official-layout names (``drafter.state_dict()``).
@@ -332,7 +338,10 @@ def to_vllm_state_dict(state_dict: Mapping[str, torch.Tensor], config: Mapping[s
     mapped: dict[str, torch.Tensor] = {}
     parts: dict[str, dict[int, torch.Tensor]] = {}
     for name, tensor in state_dict.items():
-        if variant == "gemma4" and name.startswith("confidence_head."):
+        if (variant == "gemma4" and name.startswith("confidence_head.")) or name == "t2d":
+            continue
+        if name == "d2t":  # reduced draft vocabulary: vLLM keeps the offsets under this name
+            mapped["draft_id_to_target_id"] = tensor
             continue
         target = vllm_name(name)
         for suffix, (fused_suffix, position) in _VLLM_STACKED[variant].items():

@@ -137,8 +137,8 @@ class DSparkMarkovHead(nn.Module):
         super().__init__()
         rank, hidden = config.markov_rank, config.hidden_size
         self.head_type = config.markov_head_type
-        self.markov_w1 = nn.Embedding(config.vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, config.vocab_size, bias=False)
+        self.markov_w1 = nn.Embedding(config.vocab_size, rank)  # indexed by target ids
+        self.markov_w2 = nn.Linear(rank, config.draft_vocab_size or config.vocab_size, bias=False)
         if self.head_type == "gated":
             self.gate_proj = nn.Linear(hidden + rank, rank)
         elif self.head_type == "rnn":
@@ -154,7 +154,8 @@ class DSparkMarkovHead(nn.Module):
             state (`torch.Tensor` of shape `(*batch, rank)`, *optional*): rnn state; `None` at a block's start.
 
         Returns:
-            `(bias, state)`: the `(*batch, vocab)` logit bias and the new rnn state (`None` for other head types).
+            `(bias, state)`: the `(*batch, draft_vocab)` logit bias (over the draft vocabulary, which is the whole vocabulary
+            unless `draft_vocab_size` is set) and the new rnn state (`None` for other head types).
         """
         embedding = self.markov_w1(previous_ids).to(hidden_states.dtype)
         if self.head_type == "vanilla":
@@ -266,13 +267,30 @@ class DSparkDrafter(DSparkPreTrainedModel):
         self.layers = nn.ModuleList([DSparkDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
         self.rotary_emb = Qwen3RotaryEmbedding(config)
-        self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(hidden, config.draft_vocab_size or config.vocab_size, bias=False)
         self.markov_head = DSparkMarkovHead(config) if config.markov_rank > 0 else None
         self.confidence_head = DSparkConfidenceHead(config) if config.enable_confidence_head else None
+        self._register_draft_vocabulary()
         # Filled by every `generate` call that uses this drafter (see `dspark_hf.generation.DSparkGenerationStats`).
         self.generation_stats = None
         self.post_init()
         self.freeze_vocabulary()
+
+    def _register_draft_vocabulary(self) -> None:
+        """With `draft_vocab_size`, the buffers of the EAGLE-3 / vLLM reduced-vocabulary convention: `d2t`, offsets
+        from draft ids to target ids (``target = draft + d2t[draft]``), and `t2d`, the mask of kept target ids."""
+        config = self.config
+        if config.draft_vocab_size is not None:
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+
+    @property
+    def draft_token_ids(self) -> torch.LongTensor | None:
+        """Target ids of the draft vocabulary, in draft-id order; `None` when the drafter drafts over the whole
+        vocabulary."""
+        if self.config.draft_vocab_size is None:
+            return None
+        return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
@@ -294,6 +312,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
             kwargs: [`DSparkConfig`] keys, e.g. `block_size=7`, `num_hidden_layers=1`, `markov_rank=64`,
                 `target_layer_ids=[1, 9, 17]`.
         """
+        _refuse_draft_vocab_size(kwargs)
         config = cls.config_class.from_target_config(target.config, **kwargs)
         drafter = cls(config)
         target_embedding = target.get_input_embeddings().weight
@@ -359,9 +378,55 @@ class DSparkDrafter(DSparkPreTrainedModel):
                 f"The target's embedding has shape {tuple(embedding.shape)} but this drafter expects "
                 f"{tuple(self.embed_tokens.weight.shape)}; was it built for another model?"
             )
+        ids = self.draft_token_ids
         with torch.no_grad():
             self.embed_tokens.weight.copy_(embedding)
-            self.lm_head.weight.copy_(head)
+            self.lm_head.weight.copy_(head if ids is None else head[ids.to(head.device)])
+
+    def reduce_vocabulary(self, token_ids) -> "DSparkDrafter":
+        """Restricts drafting to `token_ids` (target ids), in place; returns the drafter.
+
+        The LM head and the Markov head's ``W2`` keep only those rows, so each drafting pass reads a fraction of the
+        vocabulary-sized weights: on a CPU, where these reads dominate a small drafter, drafting gets markedly cheaper.
+        Tokens outside the set are never drafted (their draft logits are -inf), which costs acceptance only when
+        the target would have produced them. Output is unchanged either way: verification is the target's.
+        Saved with `draft_vocab_size` and the `d2t` / `t2d` buffers of the EAGLE-3 convention, which vLLM reads.
+        Pick the set with [`dspark_hf.vocabulary.select_draft_vocabulary`] (or `dspark-hf reduce-vocab`).
+
+        Args:
+            token_ids (`Sequence[int]` or `torch.LongTensor`): distinct target ids to keep.
+        """
+        ids = torch.as_tensor(token_ids, dtype=torch.long).flatten().cpu()
+        vocab = self.config.vocab_size
+        if ids.numel() == 0 or ids.unique().numel() != ids.numel() or ids.min() < 0 or ids.max() >= vocab:
+            raise ValueError(
+                f"token_ids must be distinct target ids in [0, vocab_size={vocab}), got {ids.numel()} ids "
+                f"({ids.unique().numel()} distinct, range [{int(ids.min()) if ids.numel() else '-'}, "
+                f"{int(ids.max()) if ids.numel() else '-'}])."
+            )
+        ids = ids.sort().values
+        previous = self.draft_token_ids
+        if previous is not None:  # reducing a reduced drafter: keep only ids it can still draft
+            kept = torch.isin(ids, previous.cpu())
+            if not bool(kept.all()):
+                raise ValueError(f"{int((~kept).sum())} of token_ids are not in this drafter's draft vocabulary.")
+            rows = torch.searchsorted(previous.cpu(), ids)
+        else:
+            rows = ids
+        device = self.lm_head.weight.device
+        with torch.no_grad():
+            self.lm_head = _select_output_rows(self.lm_head, rows.to(device))
+            if self.markov_head is not None:
+                self.markov_head.markov_w2 = _select_output_rows(self.markov_head.markov_w2, rows.to(device))
+        self.config.draft_vocab_size = ids.numel()
+        for name in ("d2t", "t2d"):
+            self._buffers.pop(name, None)
+        self._register_draft_vocabulary()
+        self.d2t.copy_(ids - torch.arange(ids.numel()))
+        self.t2d[ids] = True
+        self.to(device)
+        self.freeze_vocabulary()
+        return self
 
     def save_compact(self, save_directory, **kwargs) -> None:
         """Saves without `embed_tokens` and `lm_head` (the target's own tensors, usually most of the bytes).
@@ -415,9 +480,44 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return DSparkDrafterOutput(last_hidden_state=hidden_states, logits=logits, cache=cache)
 
     def base_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """``U_k``: the (frozen, target's) LM head on final-normed states, before the Markov bias. Also the target's
-        own logits when given the target's last hidden states (training reads them this way)."""
+        """``U_k`` over the target vocabulary: the (frozen, target's) LM head on final-normed states, before the
+        Markov bias (-inf outside a reduced draft vocabulary). Also the target's own logits when given the target's
+        last hidden states (training reads them this way)."""
+        return self.to_target_vocabulary(self.draft_logits(hidden_states))
+
+    def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """``U_k`` over the draft vocabulary (the whole vocabulary unless `draft_vocab_size` is set)."""
         return self.lm_head(hidden_states)
+
+    def to_target_vocabulary(self, logits: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits `(..., draft_vocab)` -> target-vocabulary logits `(..., vocab)`, -inf for the ids
+        the drafter never drafts (the identity without a reduced vocabulary)."""
+        ids = self.draft_token_ids
+        if ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, ids.to(logits.device), logits)
+
+    def corrected_logits(
+        self, draft_logits: torch.Tensor, previous_ids: torch.LongTensor, hidden_states: torch.Tensor,
+        state: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One slot's Markov-corrected logits ``U_k + bias(x_{k-1})`` over the target vocabulary, in float32.
+
+        Args:
+            draft_logits (`torch.Tensor` of shape `(*batch, draft_vocab)`): the slot's [`DSparkDrafter.draft_logits`].
+            previous_ids (`torch.LongTensor` of shape `(*batch)`): the token drafted just before (the anchor first).
+            hidden_states (`torch.Tensor` of shape `(*batch, hidden)`): the slot's final-normed hidden state.
+            state (`torch.Tensor`, *optional*): the Markov head's rnn state (`None` at a block's start).
+
+        Returns:
+            `(logits, state)`.
+        """
+        logits = draft_logits.float()
+        if self.markov_head is not None:
+            bias, state = self.markov_head(previous_ids, hidden_states, state)
+            logits = logits + bias.float()
+        return self.to_target_vocabulary(logits), state
 
     def _extend_context(
         self,
@@ -491,6 +591,23 @@ class DSparkDrafter(DSparkPreTrainedModel):
                 "The drafter's embedding table differs from the target's: it was probably trained for another model. "
                 "Output stays identical to the target's, but few drafts will be accepted."
             )
+
+
+def _refuse_draft_vocab_size(kwargs: dict) -> None:
+    if kwargs.get("draft_vocab_size") is not None:
+        raise ValueError(
+            "from_target builds a drafter over the whole vocabulary (training needs it); reduce a trained drafter "
+            "afterwards with drafter.reduce_vocabulary(token_ids) or `dspark-hf reduce-vocab`."
+        )
+
+
+def _select_output_rows(linear: nn.Linear, rows: torch.LongTensor) -> nn.Linear:
+    """A bias-free `nn.Linear` with only output rows `rows` of `linear`."""
+    selected = nn.Linear(linear.in_features, rows.numel(), bias=False, device=linear.weight.device,
+                         dtype=linear.weight.dtype)
+    selected.weight.copy_(linear.weight[rows])
+    selected.weight.requires_grad_(linear.weight.requires_grad)
+    return selected
 
 
 __all__ = [

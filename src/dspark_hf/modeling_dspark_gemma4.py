@@ -42,6 +42,7 @@ from .modeling_dspark import (
     DSparkDrafter,
     DSparkMarkovHead,
     DSparkPreTrainedModel,
+    _refuse_draft_vocab_size,
     attend_block,
 )
 
@@ -181,7 +182,7 @@ class DSparkGemma4Config(DSparkKeys, Gemma4TextConfig):
             output.pop("markov_head_type", None)
         if not self.enable_confidence_head:
             output.pop("confidence_head_with_markov", None)
-        for key in ("confidence_temperatures", "target_model_type", "target_text_model_type"):
+        for key in ("confidence_temperatures", "target_model_type", "target_text_model_type", "draft_vocab_size"):
             if output.get(key) is None:
                 output.pop(key, None)
         return output
@@ -342,9 +343,10 @@ class DSparkGemma4Drafter(DSparkDrafter):
         self.layers = nn.ModuleList([DSparkGemma4DecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = Gemma4RMSNorm(hidden, eps=eps)
         self.rotary_emb = DSparkGemma4RotaryEmbedding(config)
-        self.lm_head = nn.Linear(hidden, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(hidden, config.draft_vocab_size or config.vocab_size, bias=False)
         self.markov_head = DSparkMarkovHead(config) if config.markov_rank > 0 else None
         self.confidence_head = DSparkConfidenceHead(config) if config.enable_confidence_head else None
+        self._register_draft_vocabulary()
         self.generation_stats = None
         self.post_init()
         self.freeze_vocabulary()
@@ -370,6 +372,7 @@ class DSparkGemma4Drafter(DSparkDrafter):
             target ([`PreTrainedModel`]): `Gemma4ForCausalLM` or `Gemma4ForConditionalGeneration`.
             kwargs: [`DSparkGemma4Config`] keys, e.g. `block_size=7, num_hidden_layers=5, mask_token_id=4`.
         """
+        _refuse_draft_vocab_size(kwargs)
         config = DSparkGemma4Config.from_target_config(target.config, **kwargs)
         drafter = cls(config)
         target_embedding = target.get_input_embeddings().weight
@@ -379,7 +382,7 @@ class DSparkGemma4Drafter(DSparkDrafter):
             drafter.lm_head.weight.copy_(target.get_output_embeddings().weight)
         return drafter
 
-    def base_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Soft-capped like the target's (``final_logit_softcapping``); the Markov bias is added after the cap
         (spec 3.7)."""
         return softcap_logits(self.lm_head(hidden_states), self.config.final_logit_softcapping)

@@ -368,8 +368,9 @@ class DSparkBatchEngine:
         attention = torch.cat([self.slot_mask, self.slot_mask.new_ones(rows, block)], dim=1)
         attention = attention[:, None, None, :].expand(rows, 1, block, attention.shape[1])
         out = self.drafter(input_ids=block_ids.to(self.drafter.device), position_ids=positions.to(self.drafter.device),
-                           cache=self.draft_cache, attention_mask=attention.to(self.drafter.device))
-        hidden, base_logits = out.last_hidden_state, out.logits.float()
+                           cache=self.draft_cache, attention_mask=attention.to(self.drafter.device), compute_logits=False)
+        hidden = out.last_hidden_state
+        base_logits = self.drafter.draft_logits(hidden)  # (rows, block, draft_vocab); slots mapped when sampled
         num_slots = max(0, min(block, max(budgets)))
         previous, state = self.anchor.to(hidden.device), None
         ids, logits, confidences = [], [], [[] for _ in range(rows)]
@@ -384,10 +385,7 @@ class DSparkBatchEngine:
                 observed = self._plan_settled(confidences)
                 if observed and not self._slot_verified(slot, width, confidences):
                     break
-            corrected = base_logits[:, slot]
-            if self.drafter.markov_head is not None:
-                bias, state = self.drafter.markov_head(previous, hidden[:, slot], state)
-                corrected = corrected + bias.float()
+            corrected, state = self.drafter.corrected_logits(base_logits[:, slot], previous, hidden[:, slot], state)
             corrected = self._process(sequences, corrected)
             token = self._sample(corrected)
             for row, t in enumerate(token.tolist()):
@@ -398,7 +396,8 @@ class DSparkBatchEngine:
         observed = observed or all(len(values) == block for values in confidences)
         if not ids:
             empty = torch.zeros(rows, 0, dtype=torch.long, device=self.device)
-            return _Draft(empty, base_logits[:, :0], confidences, observed)
+            no_logits = torch.zeros(rows, 0, self.drafter.config.vocab_size, device=self.device)
+            return _Draft(empty, no_logits, confidences, observed)
         return _Draft(torch.stack(ids, dim=1), torch.stack(logits, dim=1), confidences, observed)
 
     def _plan_settled(self, confidences: list[list[float]]) -> bool:

@@ -118,7 +118,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
     def _run_drafter(self, input_ids: torch.LongTensor, model_outputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """Feeds the newly committed positions' target features to the drafter and drafts the block.
 
-        Returns the block's final-normed hidden states `(block, hidden)` and base logits `(block, vocab)`.
+        Returns the block's final-normed hidden states `(block, hidden)` and base logits over the draft vocabulary
+        `(block, draft_vocab)` (one LM-head pass for the block; each slot is corrected and mapped to the target
+        vocabulary only if it is sampled).
         """
         anchor_position = input_ids.shape[1] - 1  # the anchor itself has not been through the target yet
         self._defer_features(input_ids, model_outputs)
@@ -134,9 +136,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
             position_ids=positions[None],
             context_position_ids=context_positions[None],
             cache=self.cache,
+            compute_logits=False,
         )
         self.context_length = anchor_position
-        return output.last_hidden_state[0], output.logits[0].float()
+        hidden_states = output.last_hidden_state[0]
+        return hidden_states, self.drafter.draft_logits(hidden_states)
 
     def _defer_features(self, input_ids: torch.LongTensor, model_outputs: Any) -> None:
         """Buffers the target features of the positions committed since the last call (up to, not including, the
@@ -191,10 +195,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
             drafting = drafting and slot < max_drafts and policy.should_verify(slot + 1, confidences)
             if not drafting and (not policy.observes_rounds or policy.observation_complete(confidences, block_size)):
                 break
-            corrected = logits[slot]
-            if drafter.markov_head is not None:
-                bias, state = drafter.markov_head(previous, hidden_states[slot], state)
-                corrected = corrected + bias.float()
+            corrected, state = drafter.corrected_logits(logits[slot], previous, hidden_states[slot], state)
             corrected = self.logits_processor(sequence, corrected[None].to(input_ids.device))
             if self.do_sample:
                 token = torch.multinomial(corrected.softmax(dim=-1), num_samples=1)

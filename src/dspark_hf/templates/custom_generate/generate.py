@@ -143,7 +143,8 @@ class DSparkStandaloneDrafter:
         with open(os.path.join(folder, "config.json"), encoding="utf-8") as handle:
             self.config = json.load(handle)
         self.gemma = (self.config.get("architectures") or [""])[0] == "Gemma4DSparkModel"
-        self.weights = {k: v.to(device=device, dtype=dtype) for k, v in _load_tensors(folder).items()}
+        self.weights = {k: v.to(device=device, dtype=dtype if v.is_floating_point() else v.dtype)
+                        for k, v in _load_tensors(folder).items()}
         self.rotary = _rotary_embedding(folder, self.gemma).to(device)
         config = self.config
         self.eps = config["rms_norm_eps"]
@@ -241,7 +242,15 @@ class DSparkStandaloneDrafter:
         hidden = self._norm(states, "norm")
         logits = self._linear(hidden, "lm_head").float()
         cap = self.config.get("final_logit_softcapping") if self.gemma else None
-        return hidden, (torch.tanh(logits / cap) * cap if cap else logits)
+        return hidden, self._to_target(torch.tanh(logits / cap) * cap if cap else logits, float("-inf"))
+
+    def _to_target(self, logits, fill):
+        """Scatters draft-vocabulary scores into the target vocabulary (`d2t` offsets; reduced vocabularies only)."""
+        if "d2t" not in self.weights:
+            return logits
+        ids = torch.arange(self.weights["d2t"].shape[0], device=logits.device) + self.weights["d2t"].to(logits.device)
+        full = logits.new_full((*logits.shape[:-1], self.config["vocab_size"]), fill)
+        return full.index_copy_(-1, ids, logits)
 
     def markov_bias(self, previous, hidden, state):
         """Transition bias `(vocab,)` given the previous token; `state` is the rnn head's (None elsewhere)."""
@@ -257,7 +266,7 @@ class DSparkStandaloneDrafter:
             gate, candidate, out = joint.chunk(3)
             state = torch.sigmoid(gate) * state + (1 - torch.sigmoid(gate)) * torch.tanh(candidate)
             embedding = torch.tanh(out)
-        return self._linear(embedding, "markov_head.markov_w2").float(), state
+        return self._to_target(self._linear(embedding, "markov_head.markov_w2").float(), 0.0), state
 
     def confidence(self, hidden, previous, slot):
         """Calibrated probability that this slot's draft is accepted (1.0 without a confidence head)."""
