@@ -30,6 +30,7 @@ __all__ = [
     "schedule_verification_lengths",
     "verification_capacity",
     "plan_is_settled",
+    "expected_tokens_by_width",
     "top_k_verification_lengths",
     "schedule_verification_lengths_async",
 ]
@@ -174,6 +175,21 @@ def drafted_step_throughput(expected_tokens: float, steps_per_second: float, dra
     if draft_seconds == 0:
         return expected_tokens * steps_per_second
     return expected_tokens / (1.0 / steps_per_second + draft_seconds)
+
+
+def expected_tokens_by_width(confidences: Sequence[Sequence[float]], max_width: int):
+    """Yields ``(width, τ)`` for widths 1..`max_width` of a padded verification forward: every row verifies
+    ``width - 1`` drafts, and ``τ = R + Σ_r Σ_{j < width} a[r][j]`` tokens are expected committed (``a`` is the prefix
+    survival; a row's confidences past its known ones count as 0). The running sums behind both the width planner
+    and [`plan_is_settled`].
+    """
+    survival, expected = [1.0] * len(confidences), float(len(confidences))
+    yield 1, expected
+    for width in range(2, max_width + 1):
+        for row, values in enumerate(confidences):
+            survival[row] *= values[width - 2] if width - 2 < len(values) else 0.0
+            expected += survival[row]
+        yield width, expected
 
 
 def _candidates_by_survival(survival: list[list[float]]) -> list[tuple[int, int, float]]:
@@ -325,26 +341,24 @@ def plan_is_settled(
         max_width (`int`): the widest plan allowed (block size + 1).
         draft_seconds (`float`): drafting time of a step with drafts (see [`verification_capacity`]).
     """
-    rows = len(observed)
-    if rows == 0:
+    if not observed:
         return True
     k = min(len(row) for row in observed)
-    survival, expected = [1.0] * rows, float(rows)
-    best = expected * (speed(1) or 0.0)
-    for width in range(2, min(k + 1, max_width) + 1):  # widths whose drafts are all observed
+    best, previous, tail = 0.0, 0.0, 0.0
+    for width, expected in expected_tokens_by_width(observed, min(k + 1, max_width)):  # drafts all observed
         rate = speed(width)
-        if rate is None:
+        if width == 1:
+            best = expected * (rate or 0.0)
+        elif rate is None:
             return True  # wider forwards are out of the profiled range as well
-        for r in range(rows):
-            survival[r] *= observed[r][width - 2]
-            expected += survival[r]
-        best = max(best, drafted_step_throughput(expected, rate, draft_seconds))
-    tail = sum(survival)
+        else:
+            best = max(best, drafted_step_throughput(expected, rate, draft_seconds))
+        previous, tail = expected, expected - previous  # tail: Σ_r a[r][width - 1], the last slot's survival
     for width in range(k + 2, max_width + 1):
         rate = speed(width)
         if rate is None:
             break
-        bound = drafted_step_throughput(expected + (width - 1 - k) * tail, rate, draft_seconds)
+        bound = drafted_step_throughput(previous + (width - 1 - k) * tail, rate, draft_seconds)
         if bound > best * (1.0 - 1e-9):
             return False
     return True

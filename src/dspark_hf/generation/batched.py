@@ -23,7 +23,7 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 from transformers.generation.utils import _speculative_sampling
 
 from ..modeling_dspark import DSparkDrafter
-from ..scheduling import drafted_step_throughput, plan_is_settled
+from ..scheduling import drafted_step_throughput, expected_tokens_by_width, plan_is_settled
 from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
 from .policies import FullBlockPolicy, HardwareAwarePolicy, VerificationPolicy, get_policy
@@ -52,13 +52,10 @@ def plan_verification_width(
     so it may read *this* round's confidences (slot k's inclusion depends on c_1..c_k of every row only); the engine
     uses it for probe rounds, whose drafts exist already.
     """
-    expected = float(len(stale_confidences))
-    survival = [1.0] * len(stale_confidences)
+    by_width = expected_tokens_by_width(stale_confidences, max_width)
+    _, expected = next(by_width)
     best_width, best = 1, expected * (speed(1) or 0.0)
-    for width in range(2, max_width + 1):
-        for row, values in enumerate(stale_confidences):
-            survival[row] *= values[width - 2] if width - 2 < len(values) else 0.0
-            expected += survival[row]
+    for width, expected in by_width:
         rate = speed(width)
         value = None if rate is None else drafted_step_throughput(expected, rate, draft_seconds)
         if value is not None and value > best:
