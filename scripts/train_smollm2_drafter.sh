@@ -4,7 +4,8 @@
 # regenerated greedily by the target; never the evaluation prompts (gsm8k 1-500, humaneval, mbpp, mt-bench, math500).
 # Stage 1: 512 prompts, 1000 steps from scratch. Stage 2: the rest of the first set plus 1,098 extra prompts
 # (2,270 conversations, ~305k response tokens), 800 more steps. About 3 h on 2 cores (data ~1 h, training ~2 h).
-# Then: dspark-hf calibrate (gsm8k lines 1101+) and scripts/package_embedded_drafter.py.
+# Then: dspark-hf calibrate (gsm8k lines 1101+) and scripts/package_embedded_drafter.py (with
+# --draft-vocab-size 8192 --data WORK_DIR/conv*: the reduced draft vocabulary, see dspark_hf/vocabulary.py).
 # Usage: bash scripts/train_smollm2_drafter.sh WORK_DIR
 set -euo pipefail
 work=${1:?work dir}
