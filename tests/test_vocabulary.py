@@ -180,3 +180,10 @@ def test_reduce_vocab_command(tmp_path):
     # eos/bos/pad always, then the response tokens by count (7, 2, then 6 and 8 by id), then the lowest free ids
     assert reduced.draft_token_ids.tolist() == [0, 1, 2, 3, 4, 6, 7, 8]
     assert Path(tmp_path / "out" / "config.json").read_text().count('"draft_vocab_size": 8') == 1
+
+
+def test_model_card_states_the_draft_vocabulary():
+    _, _, drafter, kept = _reduced_pair()
+    card = hub.render_model_card(drafter, repo_id="org/dspark-tiny",
+                                 card_data={"base_model": "org/tiny", "license": "apache-2.0"})
+    assert f"| Draft vocabulary | {len(kept)} of 97 ids" in str(card)

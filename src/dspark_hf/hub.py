@@ -140,6 +140,8 @@ def _model_fields(config: PreTrainedConfig) -> dict[str, Any]:
         "markov_head": markov,
         "confidence_head": confidence,
         "mask_token_id": config.mask_token_id,
+        "draft_vocabulary": (f"{config.draft_vocab_size} of {config.vocab_size} ids (`d2t` / `t2d`)"
+                             if config.draft_vocab_size else f"the whole vocabulary ({config.vocab_size} ids)"),
         "dtype": str(config_dict.get("dtype") or "float32"),
     }
 
