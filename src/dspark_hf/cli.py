@@ -13,7 +13,7 @@ COMMANDS = {
     "prepare-data": ("dspark_hf.training.data", "regenerate training responses with the target"),
     "train": ("dspark_hf.training.train", "train or LoRA-fine-tune a DSpark drafter"),
     "calibrate": ("dspark_hf.calibration", "fit Sequential Temperature Scaling of the confidence head"),
-    "reduce-vocab": ("dspark_hf.vocabulary", "restrict a trained drafter to the tokens the target writes (faster drafting)"),
+    "reduce-vocab": ("dspark_hf.vocabulary", "keep only the tokens the target writes in a drafter (faster drafting)"),
     "profile": ("dspark_hf.profiling", "profile the target's steps/s by verification length"),
     "bench": ("dspark_hf.benchmarks.bench", "side-by-side benchmark of speculative methods"),
     "bench-load": ("dspark_hf.benchmarks.bench_load", "throughput under concurrent load"),

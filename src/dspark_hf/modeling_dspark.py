@@ -154,7 +154,7 @@ class DSparkMarkovHead(nn.Module):
             state (`torch.Tensor` of shape `(*batch, rank)`, *optional*): rnn state; `None` at a block's start.
 
         Returns:
-            `(bias, state)`: the `(*batch, draft_vocab)` logit bias (over the draft vocabulary, which is the whole vocabulary
+            `(bias, state)`: the `(*batch, draft_vocab)` logit bias (over the draft vocabulary: the whole vocabulary
             unless `draft_vocab_size` is set) and the new rnn state (`None` for other head types).
         """
         embedding = self.markov_w1(previous_ids).to(hidden_states.dtype)

@@ -179,9 +179,9 @@ def drafted_step_throughput(expected_tokens: float, steps_per_second: float, dra
 
 def expected_tokens_by_width(confidences: Sequence[Sequence[float]], max_width: int):
     """Yields ``(width, τ)`` for widths 1..`max_width` of a padded verification forward: every row verifies
-    ``width - 1`` drafts, and ``τ = R + Σ_r Σ_{j < width} a[r][j]`` tokens are expected committed (``a`` is the prefix
-    survival; a row's confidences past its known ones count as 0). The running sums behind both the width planner
-    and [`plan_is_settled`].
+    ``width - 1`` drafts, and ``τ = R + Σ_r Σ_{j < width} a[r][j]`` tokens are expected committed (``a`` is the
+    prefix survival; a row's confidences past its known ones count as 0). The running sums behind both the width
+    planner and [`plan_is_settled`].
     """
     survival, expected = [1.0] * len(confidences), float(len(confidences))
     yield 1, expected

@@ -364,8 +364,9 @@ class DSparkBatchEngine:
         positions = self.next_position[:, None] + torch.arange(block, device=self.device)[None, :]
         attention = torch.cat([self.slot_mask, self.slot_mask.new_ones(rows, block)], dim=1)
         attention = attention[:, None, None, :].expand(rows, 1, block, attention.shape[1])
-        out = self.drafter(input_ids=block_ids.to(self.drafter.device), position_ids=positions.to(self.drafter.device),
-                           cache=self.draft_cache, attention_mask=attention.to(self.drafter.device), compute_logits=False)
+        device = self.drafter.device
+        out = self.drafter(input_ids=block_ids.to(device), position_ids=positions.to(device), cache=self.draft_cache,
+                           attention_mask=attention.to(device), compute_logits=False)
         hidden = out.last_hidden_state
         base_logits = self.drafter.draft_logits(hidden)  # (rows, block, draft_vocab); slots mapped when sampled
         num_slots = max(0, min(block, max(budgets)))

@@ -117,8 +117,8 @@ def compute_dspark_loss(
     if drafter.config.draft_vocab_size is not None:
         raise ValueError(
             f"This drafter drafts over a reduced vocabulary (draft_vocab_size={drafter.config.draft_vocab_size}); the "
-            "DSpark loss compares it with the target over the whole vocabulary. Train (or fine-tune) the full-vocabulary "
-            "drafter, then reduce it with drafter.reduce_vocabulary(...) or `dspark-hf reduce-vocab`."
+            "DSpark loss compares it with the target over the whole vocabulary. Train (or fine-tune) the "
+            "full-vocabulary drafter, then reduce it with drafter.reduce_vocabulary(...) or `dspark-hf reduce-vocab`."
         )
     loss_config = loss_config or DSparkLossConfig()
     block_size = drafter.config.block_size
