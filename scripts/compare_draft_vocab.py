@@ -32,7 +32,7 @@ import dspark_hf
 from dspark_hf import DSparkDrafter, FixedLengthPolicy
 from dspark_hf.benchmarks.prompts import load_prompts
 from dspark_hf.models import load_target
-from dspark_hf.vocabulary import count_response_tokens, coverage, select_draft_vocabulary
+from dspark_hf.vocabulary import count_response_tokens, coverage, select_draft_vocabulary, special_token_ids
 
 
 def main() -> None:
@@ -57,9 +57,8 @@ def main() -> None:
         if drafter.config.draft_vocab_size is not None:
             raise SystemExit(f"{path} already has a reduced vocabulary; pass the full-vocabulary drafter.")
         if size is not None:
-            special = [drafter.config.eos_token_id, drafter.config.bos_token_id, drafter.config.pad_token_id]
             drafter.reduce_vocabulary(select_draft_vocabulary(counts, size, drafter.config.vocab_size,
-                                                              [t for t in special if t is not None]))
+                                                              special_token_ids(drafter.config)))
         drafters[size or drafter.config.vocab_size] = drafter
     prompts = []
     for name in ("gsm8k", "humaneval", "mt-bench"):

