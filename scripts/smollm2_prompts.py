@@ -10,6 +10,11 @@ Responses are NOT here: `dspark-hf prepare-data` regenerates them with the targe
     # second stage: 1,000 more code prompts and later doc paragraphs, none already in the first file
     python scripts/smollm2_prompts.py --gsm8k ../shared/data/eval/gsm8k.jsonl --out data/extra.jsonl \
         --extra data/smollm2_prompts.jsonl
+    # third stage: code in the two other shapes users send: a stub to complete ("Write a solution to the following
+    # problem ... ```python def f(...): \"\"\"doc\"\"\"```") and a one-line request ("Write a python function to ..."),
+    # from standard-library functions (packages included) not used by the first two files
+    python scripts/smollm2_prompts.py --gsm8k ../shared/data/eval/gsm8k.jsonl --out data/code3.jsonl \
+        --code-shapes data/smollm2_prompts.jsonl data/extra.jsonl
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import argparse
 import ast
 import json
 import random
+import re
 import sysconfig
 from pathlib import Path
 
@@ -43,6 +49,55 @@ def code_prompts(limit: int, rng: random.Random) -> list[str]:
                     prompts.append(f"Write a Python function `{node.name}({args})`.\n\n{doc.strip()}")
     rng.shuffle(prompts)
     return prompts[:limit]
+
+
+STUB_ASK = "Write a solution to the following problem and make sure that it passes the tests:"
+
+
+def stdlib_functions(exclude: set[str]) -> list[tuple[str, str, str]]:
+    """(name, signature line, docstring) of documented public functions of the standard library and its packages
+    (tests, idlelib and site-packages left out) whose names are not in `exclude`, one per name."""
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    functions, names = [], set(exclude)
+    for path in sorted(stdlib.rglob("*.py")):
+        if {"test", "tests", "idlelib", "site-packages"} & set(path.relative_to(stdlib).parts):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and node.name not in names:
+                doc = ast.get_docstring(node)
+                if doc and 40 <= len(doc) <= 600:
+                    node.args.args = [a for a in node.args.args if a.arg not in ("self", "cls")]
+                    returns = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+                    functions.append((node.name, f"def {node.name}({ast.unparse(node.args)}){returns}:", doc.strip()))
+                    names.add(node.name)
+    return functions
+
+
+def code_shape_prompts(exclude_files: list[Path], num_stubs: int, num_requests: int, seed: int) -> list[dict]:
+    """Stub-completion and one-line code requests over functions the `exclude_files` prompts did not use."""
+    used = set()
+    for path in exclude_files:
+        for line in path.read_text().splitlines():
+            match = re.match(r"Write a Python function `(\w+)\(", json.loads(line)["turns"][0]) if line.strip() else None
+            if match:
+                used.add(match.group(1))
+    functions = stdlib_functions(used)
+    rng = random.Random(seed)
+    rng.shuffle(functions)
+    rows = []
+    for name, signature, doc in functions[:num_stubs]:
+        body = "\n".join(("    " + line) if line else "" for line in doc.splitlines())
+        stub = f'{signature}\n    """ {body.lstrip()}\n    """\n'
+        rows.append({"turns": [f"{STUB_ASK}\n```python\n{stub}\n```"], "category": "code"})
+    for name, signature, doc in functions[num_stubs:num_stubs + num_requests]:
+        first = doc.split("\n\n")[0].replace("\n", " ").strip().rstrip(".")
+        rows.append({"turns": [f"Write a python function `{name}` to {first[0].lower()}{first[1:]}."], "category": "code"})
+    rng.shuffle(rows)
+    return rows
 
 
 def chat_chunks(first: int = 0, last: int = 3) -> list[str]:
@@ -92,7 +147,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--extra", type=Path, default=None,
                         help="write the second-stage set instead: prompts not in this first-stage file")
+    parser.add_argument("--code-shapes", type=Path, nargs="+", default=None, metavar="PROMPTS",
+                        help="write the third-stage code set instead, over functions these prompt files did not use")
     args = parser.parse_args()
+    if args.code_shapes is not None:
+        _write(code_shape_prompts(args.code_shapes, num_stubs=600, num_requests=300, seed=args.seed), args.out)
+        return
     if args.extra is not None:
         rows = extra_prompts(args.extra, num_code=1000, num_chat=300, seed=args.seed)
         _write(rows, args.out)
