@@ -115,3 +115,18 @@ def test_no_data_and_bad_data_name_the_fix(tmp_path):
     with pytest.raises(ValueError, match="two consecutive"):
         train.prepare_datasets(train.DSparkDataArguments(train_data=[str(folder)]), seed=0)
     assert train.prompt_ids({"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 1]}) == [5, 6]
+
+
+def test_architecture_options_apply_to_new_drafters_and_must_agree_with_a_loaded_one(tmp_path):
+    target = learnable_target()
+    new = train.build_drafter(train.DSparkModelArguments(markov_rank=0, block_size=3), target)
+    assert new.config.markov_rank == 0 and new.config.block_size == 3
+    assert new.config.num_hidden_layers == train.NEW_DRAFTER_DEFAULTS["num_hidden_layers"]
+    DSparkDrafter.from_target(target, block_size=3, markov_rank=8).save_pretrained(tmp_path / "d")
+
+    same = train.DSparkModelArguments(drafter=str(tmp_path / "d"), markov_rank=8, block_size=3)
+    assert train.build_drafter(same, target).config.markov_rank == 8
+    with pytest.raises(ValueError, match=r"--markov_rank 0 \(the drafter has 8\).*drop --drafter"):
+        train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "d"), markov_rank=0), target)
+    with pytest.raises(ValueError, match=r"--num_hidden_layers 2 \(the drafter has 1\)"):
+        train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "d"), num_hidden_layers=2), target)

@@ -47,17 +47,23 @@ class DSparkModelArguments:
     drafter: str | None = field(
         default=None, metadata={"help": "Drafter folder to resume or fine-tune; a new one is built when omitted."}
     )
-    block_size: int = field(default=7, metadata={"help": "New drafter: block size B (drafts per round)."})
-    num_hidden_layers: int = field(default=1, metadata={"help": "New drafter: number of draft layers."})
-    markov_rank: int = field(default=64, metadata={"help": "New drafter: Markov head rank (0 disables it)."})
-    markov_head_type: str = field(default="vanilla", metadata={"help": "New drafter: vanilla, gated or rnn."})
+    block_size: int | None = field(default=None, metadata={"help": "New drafter: block size B (default 7)."})
+    num_hidden_layers: int | None = field(default=None, metadata={"help": "New drafter: draft layers (default 1)."})
+    markov_rank: int | None = field(
+        default=None, metadata={"help": "New drafter: Markov head rank (default 64; 0 disables it: DFlash)."}
+    )
+    markov_head_type: str | None = field(
+        default=None, metadata={"help": "New drafter: vanilla (default), gated or rnn."}
+    )
     target_layer_ids: list[int] | None = field(
         default=None, metadata={"help": "New drafter: target layers read as context (default: up to 5, spread)."}
     )
     mask_token_id: int | None = field(
         default=None, metadata={"help": "New drafter: id of the block's mask slots (default: pad, else last id)."}
     )
-    enable_confidence_head: bool = field(default=True, metadata={"help": "New drafter: with a confidence head."})
+    enable_confidence_head: bool | None = field(
+        default=None, metadata={"help": "New drafter: with a confidence head (default true)."}
+    )
     save_dtype: str | None = field(
         default=None, metadata={"help": "Dtype of the final save, e.g. bfloat16 as released (default: float32)."}
     )
@@ -263,21 +269,35 @@ class DSparkTrainer(Trainer):
 # --- assembling a run ------------------------------------------------------------------------------------------------
 
 
+# Architecture options of a new drafter, with their defaults; a drafter loaded with --drafter keeps its own.
+NEW_DRAFTER_DEFAULTS = {"block_size": 7, "num_hidden_layers": 1, "markov_rank": 64, "markov_head_type": "vanilla",
+                        "target_layer_ids": None, "mask_token_id": None, "enable_confidence_head": True}
+
+
 def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> DSparkDrafter:
-    """A new drafter for `target` (fp32 trainable weights), or the one at `--drafter`."""
+    """A new drafter for `target` (fp32 trainable weights), or the one at `--drafter`.
+
+    An architecture option given together with `--drafter` must agree with that drafter's config: training cannot
+    change the architecture, and ignoring the option would silently train something else than was asked for.
+    """
+    given = {name: getattr(model_args, name) for name in NEW_DRAFTER_DEFAULTS if getattr(model_args, name) is not None}
     if model_args.drafter:
         drafter = DSparkDrafter.from_pretrained(model_args.drafter, dtype=torch.float32)
+        config = drafter.config
+        current = {name: getattr(config, name) for name in given}
+        if config.markov_rank == 0 and "markov_head_type" in given:
+            current["markov_head_type"] = given["markov_head_type"]  # no Markov head: its type does not apply
+        conflicts = [f"--{name} {value} (the drafter has {current[name]})" for name, value in given.items()
+                     if (list(value) if isinstance(value, (list, tuple)) else value) != current[name]]
+        if conflicts:
+            raise ValueError(
+                f"{', '.join(conflicts)}: the architecture of the drafter loaded from {model_args.drafter} cannot "
+                "change while training it. Drop these options to continue training it as it is, or drop --drafter "
+                "to build a new drafter with them."
+            )
     else:
-        drafter = DSparkDrafter.from_target(
-            target,
-            block_size=model_args.block_size,
-            num_hidden_layers=model_args.num_hidden_layers,
-            markov_rank=model_args.markov_rank,
-            markov_head_type=model_args.markov_head_type,
-            target_layer_ids=model_args.target_layer_ids,
-            mask_token_id=model_args.mask_token_id,
-            enable_confidence_head=model_args.enable_confidence_head,
-        )
+        options = {**NEW_DRAFTER_DEFAULTS, **given}
+        drafter = DSparkDrafter.from_target(target, **options)
     drafter.check_target(target)
     drafter.to(torch.float32)
     drafter.freeze_vocabulary()
