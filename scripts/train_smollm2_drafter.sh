@@ -3,7 +3,8 @@
 # Prompts: scripts/smollm2_prompts.py (gsm8k lines 501-1100, stdlib docstrings, /usr/share/doc); responses
 # regenerated greedily by the target; never the evaluation prompts (gsm8k 1-500, humaneval, mbpp, mt-bench, math500).
 # Stage 1: 512 prompts, 1000 steps from scratch. Stage 2: the rest of the first set plus 1,098 extra prompts
-# (2,270 conversations, ~305k response tokens), 800 more steps. About 3 h on 2 cores (data ~1 h, training ~2 h).
+# (2,270 conversations, ~305k response tokens), 800 more steps. Stage 3: 900 code prompts in two more shapes, 1050 more
+# steps with 128 anchors per sequence (lr 2e-4). About 5 h on 2 cores.
 # Then: dspark-hf calibrate (gsm8k lines 1101+) and scripts/package_embedded_drafter.py (with
 # --draft-vocab-size 8192 --data WORK_DIR/conv*: the reduced draft vocabulary, see dspark_hf/vocabulary.py).
 # Usage: bash scripts/train_smollm2_drafter.sh WORK_DIR
@@ -40,3 +41,11 @@ prepare "$work/extra.jsonl" "$work/conv3a" 0 549 & prepare "$work/extra.jsonl" "
 init_dspark="--drafter $work/dspark1" init_dflash="--drafter $work/dflash1" train_both "" "${common[@]}" \
     --train_data "$work/conv" "$work/conv2a" "$work/conv2b" "$work/conv3a" "$work/conv3b" \
     --learning_rate 3e-4 --warmup_steps 0.02 --max_steps 800 --seed 1
+
+# Stage 3: code in the shapes users send (stub completion, one-line request), continue both drafters on everything
+python scripts/smollm2_prompts.py --gsm8k "$gsm8k" --out "$work/code3.jsonl" --code-shapes "$work/prompts.jsonl" \
+    "$work/extra.jsonl"
+prepare "$work/code3.jsonl" "$work/conv4a" 0 450 & prepare "$work/code3.jsonl" "$work/conv4b" 450 450 & wait
+init_dspark="--drafter $work/dspark" init_dflash="--drafter $work/dflash" train_both 3 "${common[@]}" \
+    --train_data "$work/conv" "$work/conv2a" "$work/conv2b" "$work/conv3a" "$work/conv3b" "$work/conv4a" \
+    "$work/conv4b" --num_anchors 128 --learning_rate 2e-4 --warmup_steps 0.02 --max_steps ${STAGE3_STEPS:-1050} --seed 2
