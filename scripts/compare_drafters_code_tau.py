@@ -10,35 +10,21 @@ Not a speed benchmark (use `dspark-hf bench`).
 from __future__ import annotations
 
 import argparse
-import json
 import random
-import re
 import sys
 from pathlib import Path
 
-import torch
-
-from dspark_hf import DSparkDrafter
 from dspark_hf.models import load_target
 
 sys.path.insert(0, str(Path(__file__).parent))
-from smollm2_prompts import STUB_ASK, stdlib_functions  # noqa: E402
+from compare_drafters_tau import full_block_tau  # noqa: E402
+from smollm2_prompts import stdlib_functions, stub_prompt, used_function_names  # noqa: E402
 
 
 def held_out_stubs(prompt_files: list[Path], first: int = 900, count: int = 8) -> list[str]:
-    used = set()
-    for path in prompt_files:
-        for line in path.read_text().splitlines():
-            match = re.match(r"Write a Python function `(\w+)\(", json.loads(line)["turns"][0]) if line.strip() else None
-            if match:
-                used.add(match.group(1))
-    functions = stdlib_functions(used)
+    functions = stdlib_functions(used_function_names(prompt_files))
     random.Random(0).shuffle(functions)
-    prompts = []
-    for _, signature, doc in functions[first:first + count]:
-        body = "\n".join(("    " + line) if line else "" for line in doc.splitlines())
-        prompts.append(f'{STUB_ASK}\n```python\n{signature}\n    """ {body.lstrip()}\n    """\n\n```')
-    return prompts
+    return [stub_prompt(signature, doc) for _, signature, doc in functions[first:first + count]]
 
 
 def main() -> None:
@@ -50,25 +36,8 @@ def main() -> None:
     prompts = held_out_stubs(args.prompt_files)
     target, tokenizer = load_target()
     for path in args.drafters:
-        drafter = DSparkDrafter.from_pretrained(path, target=target, dtype=target.dtype).eval()
-        drafter.verification_policy = "full"
-        accepted = rounds = 0
-        hits, reached = [0] * drafter.config.block_size, [0] * drafter.config.block_size
-        for prompt in prompts:
-            inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                   return_tensors="pt", return_dict=True)
-            with torch.no_grad():
-                target.generate(**inputs, assistant_model=drafter, max_new_tokens=64, do_sample=False)
-            stats = drafter.generation_stats
-            accepted, rounds = accepted + stats.accepted, rounds + stats.num_rounds
-            for r in stats.rounds:
-                for k in range(min(r.accepted + 1, r.verified)):
-                    reached[k] += 1
-                    hits[k] += r.accepted > k
-        by_position = [round(h / n, 2) if n else None for h, n in zip(hits, reached)]
-        print(path, "code tau", round((accepted + rounds) / rounds, 3), "acceptance by position", by_position,
-              flush=True)
-
+        tau, by_position = full_block_tau(target, tokenizer, path, prompts)
+        print(path, "code tau", tau, "acceptance by position", by_position, flush=True)
 
 if __name__ == "__main__":
     main()

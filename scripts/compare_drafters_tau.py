@@ -32,24 +32,28 @@ def main() -> None:
     lines = open(args.gsm8k).read().splitlines()[1249:1259]
     prompts = [json.loads(line)["turns"][0] for line in lines] + EXTRA
     for path in args.drafters:
-        drafter = DSparkDrafter.from_pretrained(path, target=target, dtype=target.dtype).eval()
-        drafter.verification_policy = "full"
-        accepted = rounds = 0
-        hits, reached = [0] * drafter.config.block_size, [0] * drafter.config.block_size
-        for prompt in prompts:
-            inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                                   return_tensors="pt", return_dict=True)
-            with torch.no_grad():
-                target.generate(**inputs, assistant_model=drafter, max_new_tokens=64, do_sample=False)
-            stats = drafter.generation_stats
-            accepted, rounds = accepted + stats.accepted, rounds + stats.num_rounds
-            for r in stats.rounds:
-                for k in range(min(r.accepted + 1, r.verified)):
-                    reached[k] += 1
-                    hits[k] += r.accepted > k
-        by_position = [round(h / n, 2) if n else None for h, n in zip(hits, reached)]
-        print(path, "tau", round((accepted + rounds) / rounds, 3), "acceptance by position", by_position, flush=True)
+        tau, by_position = full_block_tau(target, tokenizer, path, prompts)
+        print(path, "tau", tau, "acceptance by position", by_position, flush=True)
 
+
+def full_block_tau(target, tokenizer, path: str, prompts: list[str]) -> tuple[float, list[float | None]]:
+    """Tau and acceptance by block position of the drafter at `path`, full-block greedy, 64 new tokens a prompt."""
+    drafter = DSparkDrafter.from_pretrained(path, target=target, dtype=target.dtype).eval()
+    drafter.verification_policy = "full"
+    accepted = rounds = 0
+    hits, reached = [0] * drafter.config.block_size, [0] * drafter.config.block_size
+    for prompt in prompts:
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                               return_tensors="pt", return_dict=True)
+        with torch.no_grad():
+            target.generate(**inputs, assistant_model=drafter, max_new_tokens=64, do_sample=False)
+        stats = drafter.generation_stats
+        accepted, rounds = accepted + stats.accepted, rounds + stats.num_rounds
+        for r in stats.rounds:
+            for k in range(min(r.accepted + 1, r.verified)):
+                reached[k] += 1
+                hits[k] += r.accepted > k
+    return round((accepted + rounds) / rounds, 3), [round(h / n, 2) if n else None for h, n in zip(hits, reached)]
 
 if __name__ == "__main__":
     main()

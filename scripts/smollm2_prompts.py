@@ -77,22 +77,31 @@ def stdlib_functions(exclude: set[str]) -> list[tuple[str, str, str]]:
     return functions
 
 
-def code_shape_prompts(exclude_files: list[Path], num_stubs: int, num_requests: int, seed: int) -> list[dict]:
-    """Stub-completion and one-line code requests over functions the `exclude_files` prompts did not use."""
+def stub_prompt(signature: str, doc: str) -> str:
+    """A HumanEval-shaped request: the signature and docstring of a function to complete, in a code block."""
+    body = "\n".join(("    " + line) if line else "" for line in doc.splitlines())
+    return f'{STUB_ASK}\n```python\n{signature}\n    """ {body.lstrip()}\n    """\n\n```'
+
+
+def used_function_names(prompt_files: list[Path]) -> set[str]:
+    """Names of the functions that the "Write a Python function `name(...)`" prompts of these files ask for."""
     used = set()
-    for path in exclude_files:
+    for path in prompt_files:
         for line in path.read_text().splitlines():
             match = re.match(r"Write a Python function `(\w+)\(", json.loads(line)["turns"][0]) if line.strip() else None
             if match:
                 used.add(match.group(1))
-    functions = stdlib_functions(used)
+    return used
+
+
+def code_shape_prompts(exclude_files: list[Path], num_stubs: int, num_requests: int, seed: int) -> list[dict]:
+    """Stub-completion and one-line code requests over functions the `exclude_files` prompts did not use."""
+    functions = stdlib_functions(used_function_names(exclude_files))
     rng = random.Random(seed)
     rng.shuffle(functions)
     rows = []
     for name, signature, doc in functions[:num_stubs]:
-        body = "\n".join(("    " + line) if line else "" for line in doc.splitlines())
-        stub = f'{signature}\n    """ {body.lstrip()}\n    """\n'
-        rows.append({"turns": [f"{STUB_ASK}\n```python\n{stub}\n```"], "category": "code"})
+        rows.append({"turns": [stub_prompt(signature, doc)], "category": "code"})
     for name, signature, doc in functions[num_stubs:num_stubs + num_requests]:
         first = doc.split("\n\n")[0].replace("\n", " ").strip().rstrip(".")
         rows.append({"turns": [f"Write a python function `{name}` to {first[0].lower()}{first[1:]}."], "category": "code"})
