@@ -128,5 +128,8 @@ def test_architecture_options_apply_to_new_drafters_and_must_agree_with_a_loaded
     assert train.build_drafter(same, target).config.markov_rank == 8
     with pytest.raises(ValueError, match=r"--markov_rank 0 \(the drafter has 8\).*drop --drafter"):
         train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "d"), markov_rank=0), target)
+    DSparkDrafter.from_target(target, block_size=3, markov_rank=0).save_pretrained(tmp_path / "dflash")
+    dflash = train.DSparkModelArguments(drafter=str(tmp_path / "dflash"), markov_rank=0, markov_head_type="gated")
+    assert train.build_drafter(dflash, target).config.markov_rank == 0  # no Markov head: its type does not apply
     with pytest.raises(ValueError, match=r"--num_hidden_layers 2 \(the drafter has 1\)"):
         train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "d"), num_hidden_layers=2), target)

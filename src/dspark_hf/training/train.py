@@ -284,7 +284,7 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
     if model_args.drafter:
         drafter = DSparkDrafter.from_pretrained(model_args.drafter, dtype=torch.float32)
         config = drafter.config
-        current = {name: getattr(config, name) for name in given}
+        current = {name: getattr(config, name, None) for name in given}
         if config.markov_rank == 0 and "markov_head_type" in given:
             current["markov_head_type"] = given["markov_head_type"]  # no Markov head: its type does not apply
         conflicts = [f"--{name} {value} (the drafter has {current[name]})" for name, value in given.items()
