@@ -39,5 +39,6 @@ def main() -> None:
         tau, by_position = full_block_tau(target, tokenizer, path, prompts)
         print(path, "code tau", tau, "acceptance by position", by_position, flush=True)
 
+
 if __name__ == "__main__":
     main()

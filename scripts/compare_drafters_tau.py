@@ -55,5 +55,6 @@ def full_block_tau(target, tokenizer, path: str, prompts: list[str]) -> tuple[fl
                 hits[k] += r.accepted > k
     return round((accepted + rounds) / rounds, 3), [round(h / n, 2) if n else None for h, n in zip(hits, reached)]
 
+
 if __name__ == "__main__":
     main()

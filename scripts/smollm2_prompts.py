@@ -87,8 +87,8 @@ def used_function_names(prompt_files: list[Path]) -> set[str]:
     """Names of the functions that the "Write a Python function `name(...)`" prompts of these files ask for."""
     used = set()
     for path in prompt_files:
-        for line in path.read_text().splitlines():
-            match = re.match(r"Write a Python function `(\w+)\(", json.loads(line)["turns"][0]) if line.strip() else None
+        for line in filter(str.strip, path.read_text().splitlines()):
+            match = re.match(r"Write a Python function `(\w+)\(", json.loads(line)["turns"][0])
             if match:
                 used.add(match.group(1))
     return used
@@ -104,7 +104,8 @@ def code_shape_prompts(exclude_files: list[Path], num_stubs: int, num_requests: 
         rows.append({"turns": [stub_prompt(signature, doc)], "category": "code"})
     for name, signature, doc in functions[num_stubs:num_stubs + num_requests]:
         first = doc.split("\n\n")[0].replace("\n", " ").strip().rstrip(".")
-        rows.append({"turns": [f"Write a python function `{name}` to {first[0].lower()}{first[1:]}."], "category": "code"})
+        request = f"Write a python function `{name}` to {first[0].lower()}{first[1:]}."
+        rows.append({"turns": [request], "category": "code"})
     rng.shuffle(rows)
     return rows
 
