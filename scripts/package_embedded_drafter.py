@@ -41,6 +41,9 @@ TRAINING = {
                  "511 conversations, 800 steps at lr 3e-4 (cosine, 2% warmup) on all 2,270, then 1050 steps at lr 2e-4 "
                  "(cosine, 2% warmup) on all 3,170",
     "command": "bash scripts/train_smollm2_drafter.sh WORK_DIR",
+    "calibration": "Sequential Temperature Scaling (`dspark-hf calibrate`) on gsm8k lines 1101-1319 (219 prompts never "
+                   "trained on, greedy, 128 new tokens), 54 of them held out: cumulative-confidence ECE 2.95% before, "
+                   "2.83% after (benchmarks/results/smollm2-training/calibration_report.json)",
     "draft vocabulary": "the 8,192 most frequent of the 8,302 distinct response tokens of the training data; "
                         "`dspark-hf reduce-vocab`. On the stage-2 drafter it gave the same held-out tau as the full "
                         "vocabulary and a cheaper drafting pass (benchmarks/results/smollm2-training/draft_vocab.json)",

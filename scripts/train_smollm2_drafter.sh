@@ -5,8 +5,11 @@
 # Stage 1: 512 prompts, 1000 steps from scratch. Stage 2: the rest of the first set plus 1,098 extra prompts
 # (2,270 conversations, ~305k response tokens), 800 more steps. Stage 3: 900 code prompts in two more shapes, 1050 more
 # steps with 128 anchors per sequence (lr 2e-4). About 5 h on 2 cores.
-# Then: dspark-hf calibrate (gsm8k lines 1101+) and scripts/package_embedded_drafter.py (with
-# --draft-vocab-size 8192 --data WORK_DIR/conv*: the reduced draft vocabulary, see dspark_hf/vocabulary.py).
+# Then calibrate on all 219 gsm8k lines after the training ones (a quarter held out for the report):
+#   dspark-hf calibrate --drafter WORK_DIR/dspark3 --prompts ../shared/data/eval/gsm8k.jsonl --first_line 1101 \
+#       --num_prompts 219 --output_dir WORK_DIR/dspark3_cal
+# and scripts/package_embedded_drafter.py (with --draft-vocab-size 8192 --data WORK_DIR/conv*: the reduced draft
+# vocabulary, see dspark_hf/vocabulary.py).
 # Usage: bash scripts/train_smollm2_drafter.sh WORK_DIR
 set -euo pipefail
 work=${1:?work dir}
