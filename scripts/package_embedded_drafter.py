@@ -41,13 +41,22 @@ TRAINING = {
                  "511 conversations, 800 steps at lr 3e-4 (cosine, 2% warmup) on all 2,270, then 1050 steps at lr 2e-4 "
                  "(cosine, 2% warmup) on all 3,170",
     "command": "bash scripts/train_smollm2_drafter.sh WORK_DIR",
-    "calibration": "Sequential Temperature Scaling (`dspark-hf calibrate`) on gsm8k lines 1101-1319 (219 prompts never "
-                   "trained on, greedy, 128 new tokens), 54 of them held out: cumulative-confidence ECE 2.95% before, "
-                   "2.83% after (benchmarks/results/smollm2-training/calibration_report.json)",
     "draft vocabulary": "the 8,192 most frequent of the 8,302 distinct response tokens of the training data; "
                         "`dspark-hf reduce-vocab`. On the stage-2 drafter it gave the same held-out tau as the full "
                         "vocabulary and a cheaper drafting pass (benchmarks/results/smollm2-training/draft_vocab.json)",
 }
+
+
+def calibration_summary(report: dict) -> str:
+    """The model card's calibration line, from the report `dspark-hf calibrate` wrote next to the drafter."""
+    prompts, first = report["prompts"], report["prompts"]["first_line"]
+    text = (f"Sequential Temperature Scaling (`dspark-hf calibrate`) on {Path(prompts['file']).name} lines "
+            f"{first}-{first + prompts['count'] - 1} ({prompts['count']} prompts never trained on, "
+            f"{report['decoding']}, {report['max_new_tokens']} new tokens)")
+    held_out = report.get("eval", report["fit"])
+    split = f"{held_out['num_prompts']} of them held out" if "eval" in report else "no prompts held out"
+    return (f"{text}, {split}: cumulative-confidence ECE {held_out['before']['ece']:.2%} before, "
+            f"{held_out['after']['ece']:.2%} after (benchmarks/results/smollm2-training/calibration_report.json)")
 
 
 def main() -> None:
@@ -72,6 +81,10 @@ def main() -> None:
     drafter.to(torch.bfloat16).save_compact(out)
     for extra in args.extra:
         shutil.copy(extra, out / Path(extra).name)
+    training = dict(TRAINING)
+    report_path = Path(args.drafter) / "calibration_report.json"
+    if report_path.exists():
+        training["calibration"] = calibration_summary(json.loads(report_path.read_text()))
     benchmark = None
     if args.bench:
         results = json.loads(Path(args.bench).read_text())
@@ -83,7 +96,7 @@ def main() -> None:
         drafter, repo_id="dspark-hf/dspark-smollm2-135m-instruct",
         card_data={"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0",
                    "language": ["en"]},
-        benchmark=benchmark, training=TRAINING,
+        benchmark=benchmark, training=training,
     )
     text = str(card) + (
         "\n\n## This folder is the compact variant\n\n"
