@@ -23,6 +23,7 @@ from dspark_hf.benchmarks import (
     run_conversation,
 )
 from dspark_hf.benchmarks import bench as bench_module
+from dspark_hf.benchmarks import merge as merge_module
 from dspark_hf.benchmarks.methods import measure_generation, generation_kwargs
 from dspark_hf.benchmarks.prompts import conversation_messages, select_per_category
 
@@ -254,3 +255,38 @@ def test_cli_writes_json_markdown_and_plots(prompt_files, tmp_path, monkeypatch)
     assert "| all | dspark_full |" in markdown and "yes (3/3)" in markdown
     for name in ("speedup", "acceptance", "tau"):
         assert (output_dir / f"{name}_greedy.png").stat().st_size > 1000
+
+
+def test_bench_merge_pools_parts_and_refuses_mismatched_ones(prompt_files, tmp_path, monkeypatch):
+    target, tokenizer = make_target(), make_tokenizer()
+    monkeypatch.setattr(bench_module, "load_target", lambda *args, **kwargs: (target, tokenizer))
+    common = ["--target", "tiny", "--drafter", "untrained", "--policies", "full", "--prompt-lookup-num-tokens", "0",
+              "--prompts", str(prompt_files[0]), "--limit", "1", "--max-new-tokens", "4", "--no-plots",
+              "--no-progress", "--no-warmup"]
+    for start in (0, 1):
+        assert bench_module.main([*common, "--start", str(start), "--output-dir", str(tmp_path / f"p{start}")]) == 0
+    parts = [json.loads((tmp_path / f"p{start}" / "results.json").read_text()) for start in (0, 1)]
+
+    assert merge_module.main([str(tmp_path / "p0"), str(tmp_path / "p1" / "results.json"), "--output-dir",
+                              str(tmp_path / "merged"), "--no-plots"]) == 0
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert [p["prompt_id"] for p in merged["prompts"]] == ["chat-1", "chat-2"]
+    assert merged["records"] == parts[0]["records"] + parts[1]["records"]
+    assert merged["settings"]["num_prompts"] == 2 and merged["command"].startswith("dspark-hf bench-merge")
+    assert [part["command"] for part in merged["parts"]] == [part["command"] for part in parts]
+    pooled = {(row["method"], row["category"]): row for row in merged["summary"]}
+    target_all = pooled[("target", "all")]
+    assert target_all["prompts"] == 2
+    assert target_all["new_tokens"] == sum(r["new_tokens"] for r in merged["records"] if r["method"] == "target")
+    assert "merged from 2 parts" in (tmp_path / "merged" / "results.md").read_text()
+
+    with pytest.raises(ValueError, match="overlap"):
+        merge_module.merge_results([parts[0], parts[0]])
+    other = json.loads(json.dumps(parts[1]))
+    other["settings"]["max_new_tokens"] = 8
+    with pytest.raises(ValueError, match="settings differ"):
+        merge_module.merge_results([parts[0], other])
+    other = json.loads(json.dumps(parts[1]))
+    other["methods"] = other["methods"][:1]
+    with pytest.raises(ValueError, match="methods differ"):
+        merge_module.merge_results([parts[0], other])

@@ -17,6 +17,7 @@ COMMANDS = {
     "profile": ("dspark_hf.profiling", "profile the target's steps/s by verification length"),
     "bench": ("dspark_hf.benchmarks.bench", "side-by-side benchmark of speculative methods"),
     "bench-load": ("dspark_hf.benchmarks.bench_load", "throughput under concurrent load"),
+    "bench-merge": ("dspark_hf.benchmarks.merge", "merge the results of one benchmark run in parts (--start/--limit)"),
     "push": ("dspark_hf.hub", "push a drafter with its model card to the Hub"),
 }
 

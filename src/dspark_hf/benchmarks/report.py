@@ -119,6 +119,20 @@ def _loads(values: Sequence[float] | None) -> str:
     return "—" if not values else " / ".join(f"{v:.2f}" for v in values)
 
 
+def _load_lines(results: dict[str, Any]) -> list[str]:
+    """The load-average line; one per part for a report merged by `dspark-hf bench-merge`."""
+    note = "(timings are only comparable on an otherwise idle machine)"
+    parts = results.get("parts")
+    if not parts:
+        machine = results["machine"]
+        return [f"- load average (1/5/15 min) before: {_loads(machine.get('load_average_before'))}, after: "
+                f"{_loads(machine.get('load_average'))} {note}"]
+    lines = [f"- merged from {len(parts)} parts, load average (1/5/15 min) before / after each {note}:"]
+    lines += [f"  - `{part['command']}` ({part['num_prompts']} prompts): {_loads(part['load_average_before'])}, "
+              f"{_loads(part['load_average'])}" for part in parts]
+    return lines
+
+
 def markdown_report(results: dict[str, Any]) -> str:
     """The whole markdown report: how it was run, one table per mode, skipped methods."""
     machine, versions = results["machine"], results["versions"]
@@ -129,8 +143,7 @@ def markdown_report(results: dict[str, Any]) -> str:
         f"- command: `{results['command']}`",
         f"- machine: {machine.get('cpu_model')} ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch "
         f"threads){', ' + machine['cuda_device'] if machine.get('cuda_device') else ''}",
-        f"- load average (1/5/15 min) before: {_loads(machine.get('load_average_before'))}, after: "
-        f"{_loads(machine.get('load_average'))} (timings are only comparable on an otherwise idle machine)",
+        *_load_lines(results),
         "- versions: " + ", ".join(f"{name} {version}" for name, version in versions.items()),
         f"- {settings['num_prompts']} prompts, max {settings['max_new_tokens']} new tokens, "
         f"seed {settings['seed']}, chat template: {settings['use_chat_template']}",
