@@ -42,6 +42,7 @@ def _policies():
         "hardware_aware": HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.0),
         # drafting costs as much as 0.4 decode steps: the plan often skips the drafter (and probes again)
         "hardware_aware_skipping": HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.4, max_idle_rounds=2),
+        "hardware_aware_smoothed": HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.2, plan_smoothing=0.5),
     }
 
 

@@ -419,6 +419,24 @@ def test_online_correction_pulls_overconfident_plans_down():
         HardwareAwarePolicy(speeds, outcome_decay=1.0)
 
 
+def test_plan_smoothing_averages_survival_over_observed_rounds():
+    speeds = {1: 10.0, 2: 9.0}  # one draft pays when its survival a_1 > 1/9
+    last_only = HardwareAwarePolicy(speeds, draft_seconds=0.0)
+    smoothed = HardwareAwarePolicy(speeds, draft_seconds=0.0, plan_smoothing=0.5)
+    assert smoothed.plan_confidences([0.5, 0.4]) == [0.5, 0.4]  # the first round is all there is
+    # a 1-slot round continues its last confidence: survival [0.1, 0.01], blended with [0.5, 0.2]
+    assert smoothed.plan_confidences([0.1]) == [pytest.approx(0.3), pytest.approx(0.105 / 0.3)]
+    for policy in (last_only, smoothed):
+        policy.forget()
+        for c in ([0.6], [0.6], [0.05]):  # a drafter that usually pays, then one doubtful round
+            policy.observe(c)
+    assert last_only.verification_length([0.05]) == 0  # planned from the doubtful round alone
+    assert smoothed.verification_length([0.05]) == 1  # blended a_1 = 0.5 * 0.6 + 0.5 * 0.05 still pays
+    assert smoothed.plan_confidences([]) == []
+    with pytest.raises(ValueError, match="plan_smoothing"):
+        HardwareAwarePolicy(speeds, plan_smoothing=1.0)
+
+
 def test_hardware_aware_policy_prefers_measured_step_speeds():
     policy = HardwareAwarePolicy({1: 10.0, 2: 8.0})
     profiled = {1: 10.0, 2: 8.0, 3: 6.0}.get

@@ -169,15 +169,24 @@ def build_methods(
 
 
 def _parse_policy_spec(spec: str, policy_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict, str]:
-    """`"fixed:3"` -> `("fixed", {"length": 3}, "fixed3")`; any other name -> its kwargs from `policy_kwargs`."""
+    """`"fixed:3"` -> `("fixed", {"length": 3}, "fixed3")`; `"hardware_aware:0.5"` -> plan smoothing 0.5, label
+    `"hardware_aware_smooth0.5"`; any other name -> its kwargs from `policy_kwargs`."""
     name, _, argument = spec.partition(":")
     kwargs = dict(policy_kwargs.get(name, {}))
     if name == "fixed":
         if not argument.isdigit():
             raise ValueError(f"Policy {spec!r}: write fixed:K with K drafts per round, e.g. fixed:2.")
         return name, {**kwargs, "length": int(argument)}, f"fixed{argument}"
+    if name == "hardware_aware" and argument:
+        try:
+            smoothing = float(argument)
+        except ValueError:
+            raise ValueError(f"Policy {spec!r}: write hardware_aware:W with W the plan smoothing in [0, 1), e.g. "
+                             "hardware_aware:0.5.") from None
+        return name, {**kwargs, "plan_smoothing": smoothing}, f"hardware_aware_smooth{argument}"
     if argument:
-        raise ValueError(f"Policy {spec!r}: only fixed:K takes an argument ({name!r} reads its flags).")
+        raise ValueError(f"Policy {spec!r}: only fixed:K and hardware_aware:W take an argument ({name!r} reads its "
+                         "flags).")
     return name, kwargs, name
 
 

@@ -177,6 +177,12 @@ class HardwareAwarePolicy(VerificationPolicy):
         max_idle_rounds (`int`, defaults to 64): the longest run of rounds without drafting between two probes.
         outcome_decay (`float`, defaults to 0.95): weight of the past per verified round in the acceptance ratio
             (about 1 / (1 - decay) rounds of memory); `None` turns the online correction off.
+        plan_smoothing (`float`, defaults to 0.0): weight of earlier rounds in the survival probabilities a plan
+            reads: the plan maximizes the expected rate for the *next* round, and one round's confidences are a noisy
+            forecast of it. With w > 0 the plan reads ``w · S + (1 - w) · a`` (``S`` the running average over earlier
+            observed rounds, ``a`` the last round's survival); slots a round did not observe (its plan had settled)
+            continue its last confidence. 0 plans from the last round alone (spec 5.3). Plans stay built from
+            finished rounds only, so any value is lossless.
     """
 
     # Pseudo-count (in expected accepted drafts) that starts the acceptance ratio at 1: the calibration is trusted
@@ -193,6 +199,7 @@ class HardwareAwarePolicy(VerificationPolicy):
         draft_seconds: float | None = None,
         max_idle_rounds: int = 64,
         outcome_decay: float | None = 0.95,
+        plan_smoothing: float = 0.0,
     ):
         if isinstance(steps_per_second, (str, os.PathLike)):
             from ..profiling import load_steps_per_second  # lazy: profiling imports model loading
@@ -206,11 +213,14 @@ class HardwareAwarePolicy(VerificationPolicy):
             raise ValueError(f"max_idle_rounds must be >= 1, got {max_idle_rounds}.")
         if outcome_decay is not None and not 0.0 <= outcome_decay < 1.0:
             raise ValueError(f"outcome_decay must be in [0, 1) (or None for no online correction), got {outcome_decay}.")
+        if not 0.0 <= plan_smoothing < 1.0:
+            raise ValueError(f"plan_smoothing must be in [0, 1) (0: plan from the last round only), got {plan_smoothing}.")
         self.steps_per_second = StepsPerSecondCurve.from_table(steps_per_second)
         self.mode = mode
         self.draft_seconds = draft_seconds
         self.max_idle_rounds = max_idle_rounds
         self.outcome_decay = outcome_decay
+        self.plan_smoothing = plan_smoothing
         self._measured_seconds: dict[int, float] = {}  # rows -> moving average of a drafting pass
         self.forget()
 
@@ -230,6 +240,7 @@ class HardwareAwarePolicy(VerificationPolicy):
         self._measured_seconds.clear()
         self._step_seconds: dict[tuple[int, int], float] = {}  # (rows, width) -> moving average of a step
         self._planned_length = None
+        self._smoothed_survival: list[float] | None = None  # running average of observed rounds' survival
         self._idle_rounds, self._backoff, self._probing = 0, 1, False
         self._accepted, self._predicted = 0.0, 0.0  # decayed sums behind `acceptance_ratio`
         self._round_outcome = [0.0, 0.0]  # accepted and predicted drafts of the last verified round (all rows)
@@ -308,8 +319,26 @@ class HardwareAwarePolicy(VerificationPolicy):
         self._probing = False
         if self.mode == "planned":
             self._planned_length = verification_capacity(
-                [self.corrected(confidences)], self.steps_per_second, draft_seconds=self.drafting_cost(1)
+                [self.corrected(self.plan_confidences(confidences))], self.steps_per_second,
+                draft_seconds=self.drafting_cost(1),
             )
+
+    def plan_confidences(self, confidences: Sequence[float]) -> list[float]:
+        """The confidences the next plan reads: this round's c_1..c_k, blended with earlier rounds' when
+        `plan_smoothing` > 0 (the blend is of survival probabilities, returned as per-slot confidences)."""
+        if not self.plan_smoothing or not confidences:
+            return [float(c) for c in confidences]
+        survival = prefix_survival_probabilities([list(confidences)])[0]
+        previous = self._smoothed_survival
+        if previous is None:
+            blended = survival
+        else:
+            length = max(len(survival), len(previous))
+            weight = self.plan_smoothing
+            blended = [weight * old + (1.0 - weight) * new
+                       for old, new in zip(_continued(previous, length), _continued(survival, length))]
+        self._smoothed_survival = blended
+        return [blended[0]] + [b / a if a > 0 else 0.0 for a, b in zip(blended, blended[1:])]
 
     def should_draft(self) -> bool:
         return self.draft_this_round(self.mode == "planned" and self._planned_length == 0)
@@ -348,7 +377,17 @@ class HardwareAwarePolicy(VerificationPolicy):
     def __repr__(self) -> str:
         table = dict(zip(self.steps_per_second.sizes, self.steps_per_second.speeds))
         return (f"HardwareAwarePolicy(steps_per_second={table}, mode={self.mode!r}, draft_seconds={self.draft_seconds!r}, "
-                f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay})")
+                f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay}, "
+                f"plan_smoothing={self.plan_smoothing})")
+
+
+def _continued(survival: list[float], length: int) -> list[float]:
+    """`survival` extended to `length` slots, each further slot keeping the last slot's confidence."""
+    survival = list(survival)
+    last = survival[-1] / survival[-2] if len(survival) > 1 and survival[-2] > 0 else survival[-1]
+    while len(survival) < length:
+        survival.append(survival[-1] * last)
+    return survival
 
 
 POLICIES = {cls.name: cls for cls in (FullBlockPolicy, FixedLengthPolicy, ThresholdPolicy, HardwareAwarePolicy)}
