@@ -182,7 +182,8 @@ class HardwareAwarePolicy(VerificationPolicy):
             forecast of it. With w > 0 the plan reads ``w · S + (1 - w) · a`` (``S`` the running average over earlier
             observed rounds, ``a`` the last round's survival); slots a round did not observe (its plan had settled)
             continue its last confidence. 0 plans from the last round alone (spec 5.3). Plans stay built from
-            finished rounds only, so any value is lossless.
+            finished rounds only, so any value is lossless. Batch 1 only: the batched engine plans from every row's
+            last round, whose sum over rows already averages.
     """
 
     # Pseudo-count (in expected accepted drafts) that starts the acceptance ratio at 1: the calibration is trusted
@@ -325,7 +326,8 @@ class HardwareAwarePolicy(VerificationPolicy):
 
     def plan_confidences(self, confidences: Sequence[float]) -> list[float]:
         """The confidences the next plan reads: this round's c_1..c_k, blended with earlier rounds' when
-        `plan_smoothing` > 0 (the blend is of survival probabilities, returned as per-slot confidences)."""
+        `plan_smoothing` > 0 (the blend is of survival probabilities, returned as per-slot confidences). Adds this
+        round to the running average, so call it once per observed round (`observe` does)."""
         if not self.plan_smoothing or not confidences:
             return [float(c) for c in confidences]
         survival = prefix_survival_probabilities([list(confidences)])[0]
