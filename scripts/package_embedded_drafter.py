@@ -9,7 +9,8 @@ The drafter is restricted to a reduced draft vocabulary (`--draft-vocab-size`, r
 `--data`; see `dspark_hf.vocabulary`), which makes each drafting pass cheaper on a CPU.
 
     python scripts/package_embedded_drafter.py --drafter runs/dspark --data WORK_DIR/conv* --draft-vocab-size 8192 \
-        --bench results/bench/results.json --out src/dspark_hf/drafters/dspark-smollm2-135m-instruct
+        --bench benchmarks/results/smollm2-greedy/results.json benchmarks/results/smollm2-gsm8k100-256/results.json \
+        benchmarks/results/smollm2-humaneval-256/results.json --out src/dspark_hf/drafters/dspark-smollm2-135m-instruct
 """
 
 from __future__ import annotations
@@ -62,7 +63,8 @@ def calibration_summary(report: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", required=True)
-    parser.add_argument("--bench", default=None, help="results.json of `dspark-hf bench`")
+    parser.add_argument("--bench", nargs="*", default=[],
+                        help="results.json of `dspark-hf bench` (or `bench-merge`), one table row per summary row")
     parser.add_argument("--extra", nargs="*", default=[], help="files copied next to the weights (profile, reports)")
     parser.add_argument("--data", nargs="*", default=[], help="prepared training data, to rank the draft vocabulary")
     parser.add_argument("--draft-vocab-size", type=int, default=None)
@@ -87,11 +89,21 @@ def main() -> None:
         training["calibration"] = calibration_summary(json.loads(report_path.read_text()))
     benchmark = None
     if args.bench:
-        results = json.loads(Path(args.bench).read_text())
         keep = ("mode", "method", "category", "prompts", "tokens_per_second", "speedup", "tau", "mean_verified",
                 "identical")
-        rows = [{k: row[k] for k in keep} for row in results["summary"]]
-        benchmark = {"rows": rows, "machine": results["machine"].get("cpu"), "command": results["command"]}
+        rows, commands = [], []
+        for path in args.bench:
+            results = json.loads(Path(path).read_text())
+            new_tokens = results["settings"]["max_new_tokens"]
+            summary = results["summary"]
+            if len({row["category"] for row in summary}) == 2:  # one category and its copy as "all"
+                summary = [row for row in summary if row["category"] != "all"]
+            rows += [{"max_new_tokens": new_tokens, **{k: row[k] for k in keep}} for row in summary]
+            commands.append(results["command"])
+        machine = results["machine"]
+        benchmark = {"rows": rows, "machine": f"{machine.get('cpu_model')} ({machine.get('cpu_count')} CPUs, "
+                     f"{machine.get('torch_threads')} torch threads)", "versions": results["versions"],
+                     "command": "; ".join(commands)}
     card = render_model_card(
         drafter, repo_id="dspark-hf/dspark-smollm2-135m-instruct",
         card_data={"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0",
