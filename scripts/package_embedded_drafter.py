@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from dspark_hf import DSparkDrafter
+from dspark_hf.benchmarks.merge import MACHINE_KEYS
 from dspark_hf.hub import render_model_card
 from dspark_hf.models import load_target
 from dspark_hf.vocabulary import count_response_tokens, coverage, select_draft_vocabulary, special_token_ids
@@ -91,9 +92,14 @@ def main() -> None:
     if args.bench:
         keep = ("mode", "method", "category", "prompts", "tokens_per_second", "speedup", "tau", "mean_verified",
                 "identical")
-        rows, commands = [], []
+        rows, commands, first = [], [], None
         for path in args.bench:
             results = json.loads(Path(path).read_text())
+            first = first or (path, results)
+            for name, part in (("versions", lambda r: r["versions"]),
+                               ("machine", lambda r: {k: r["machine"].get(k) for k in MACHINE_KEYS})):
+                if part(results) != part(first[1]):  # the card states one machine and one set of versions
+                    raise ValueError(f"--bench {path} and {first[0]} differ in {name}; benchmark on one machine.")
             new_tokens = results["settings"]["max_new_tokens"]
             summary = results["summary"]
             if len({row["category"] for row in summary}) == 2:  # one category and its copy as "all"
