@@ -168,6 +168,9 @@ VOCAB = 3
 TESTED_TOKENS = 3  # y_1 comes from the target's prefill, y_2 and y_3 from the first draft-and-verify round
 NUM_SAMPLES = 1000
 PROMPT = torch.tensor([[1, 2, 0, 1]])
+# Each generation's first drafted round, the one that makes y_2 and y_3, runs Algorithm 1 on its own confidences. A
+# gentler curve than STEPS_PER_SECOND makes it verify slot 2 often, which the power check below needs.
+SAMPLING_STEPS_PER_SECOND = {1: 1.0, 2: 0.9, 3: 0.85, 4: 0.8}
 
 
 def _sampling_pair(policy=None):
@@ -178,7 +181,8 @@ def _sampling_pair(policy=None):
         target.lm_head.weight.mul_(6.0)  # random logits are nearly flat; sharpen them (the drafter copies the head)
     drafter = _sharp_drafter(target, block_size=3)
     # Without the online acceptance correction the random drafter keeps being verified, which gives the test power.
-    drafter.verification_policy = policy or HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.0, outcome_decay=None)
+    drafter.verification_policy = policy or HardwareAwarePolicy(SAMPLING_STEPS_PER_SECOND, draft_seconds=0.0,
+                                                                  outcome_decay=None)
     return target, drafter
 
 
@@ -236,7 +240,7 @@ def test_sampling_stays_exact_when_the_drafter_is_skipped(single_thread):
     """Rounds without drafting (plan 0 under a costly drafter, with probes in between) mixed with drafted ones."""
     target, drafter = _sampling_pair(HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.4, max_idle_rounds=2))
     counts, verified, accepted, skipped = _sample_counts(target, drafter, NUM_SAMPLES)
-    assert skipped > NUM_SAMPLES // 4 and accepted > NUM_SAMPLES // 10, (skipped, accepted)  # both kinds of round
+    assert skipped > NUM_SAMPLES // 10 and accepted > NUM_SAMPLES // 10, (skipped, accepted)  # both kinds of round
     assert _chi_square_p_value(counts, _target_joint(target, PROMPT)) > 1e-3
 
 

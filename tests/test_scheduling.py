@@ -345,10 +345,16 @@ def test_hardware_aware_policy_backs_off_a_drafter_that_does_not_pay():
     policy.record_outcome([0.5], verified=1, accepted=1)  # a round that paid what it promised
     policy.observe([0.3])
     assert [policy.should_draft() for _ in range(2)] == [False, True]  # backoff starts over at 1
-    policy.reset()  # a new generation keeps what was learned
-    assert policy._planned_length == 0 and policy.drafting_cost() == 0.05 and policy.acceptance_ratio < 1.0
+    policy.record_draft_seconds(0.02)
+    policy.record_step_seconds(0.1, rows=1, width=2)
+    policy.record_outcome([0.9], verified=1, accepted=0)
+    assert policy.acceptance_ratio < 1.0
+    policy.reset()  # a new generation (prompt): plan, backoff and acceptance ratio start over, timings stay
+    assert policy._planned_length is None and policy.acceptance_ratio == 1.0
+    assert policy.should_draft() and policy.verification_length([0.9]) == 1  # Algorithm 1 again, no backoff
+    assert policy._measured_seconds == {1: 0.02} and policy.measured_speed(1, 2, {2: 9.0}.get) == pytest.approx(10.0)
     policy.forget()
-    assert policy._planned_length is None
+    assert not policy._measured_seconds and policy.measured_speed(1, 2, {2: 9.0}.get) == 9.0
 
 
 def test_hardware_aware_policy_measures_the_drafting_cost():

@@ -161,8 +161,9 @@ class HardwareAwarePolicy(VerificationPolicy):
     ``1 / SPS(1 + K) + draft_seconds``, a round without drafts only ``1 / SPS(1)`` and no drafting at all. When the
     plan is 0 the drafter is not run; it probes again after 1, 2, 4, ... up to `max_idle_rounds` skipped rounds
     (exponential backoff), and a probe round verifies by Algorithm 1 on its own confidences. So a weak drafter on
-    slow hardware costs about one probe in `max_idle_rounds` rounds instead of a draft every round. The plan, the
-    backoff and the measured drafting time carry over to the next `generate` call (`forget()` clears them).
+    slow hardware costs about one probe in `max_idle_rounds` rounds instead of a draft every round. Each `generate`
+    call starts a new plan, backoff and acceptance ratio (`reset()`): they describe one prompt. The measured drafting
+    and step times carry over (`forget()` clears them too).
 
     Args:
         steps_per_second (`Mapping[int, float]`, `Sequence[float]`, [`StepsPerSecondCurve`], or a path): the target's
@@ -230,21 +231,21 @@ class HardwareAwarePolicy(VerificationPolicy):
         return self.mode == "planned"
 
     def reset(self) -> None:
-        # What was learned about this drafter on this machine outlives a generation: the measured drafting time, the
-        # last plan and the backoff (a drafter that did not pay off keeps probing rarely on the next prompt too).
-        # `forget` starts from scratch.
-        self._idle_rounds, self._probing = 0, False
+        # A generation is a new request: the plan, backoff and acceptance ratio describe the last prompt, and carried
+        # over they would keep a math prompt that follows a chat prompt from drafting for up to `max_idle_rounds`
+        # rounds. What was measured about the machine (drafting and step times) outlives it; `forget` drops that too.
+        self._planned_length = None
+        self._smoothed_survival: list[float] | None = None  # running average of observed rounds' survival
+        self._idle_rounds, self._backoff, self._probing = 0, 1, False
+        self._accepted, self._predicted = 0.0, 0.0  # decayed sums behind `acceptance_ratio`
+        self._round_outcome = [0.0, 0.0]  # accepted and predicted drafts of the last verified round (all rows)
 
     def forget(self) -> None:
         """Drops everything learned: measured drafting and step times, the plan, the backoff and the acceptance
         ratio."""
         self._measured_seconds.clear()
         self._step_seconds: dict[tuple[int, int], float] = {}  # (rows, width) -> moving average of a step
-        self._planned_length = None
-        self._smoothed_survival: list[float] | None = None  # running average of observed rounds' survival
-        self._idle_rounds, self._backoff, self._probing = 0, 1, False
-        self._accepted, self._predicted = 0.0, 0.0  # decayed sums behind `acceptance_ratio`
-        self._round_outcome = [0.0, 0.0]  # accepted and predicted drafts of the last verified round (all rows)
+        self.reset()
 
     def record_outcome(self, confidences: Sequence[float], verified: int, accepted: int) -> None:
         if verified <= 0 or len(confidences) < verified:
