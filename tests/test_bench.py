@@ -195,11 +195,11 @@ def test_fixed_length_policies_by_spec():
     with pytest.raises(ValueError, match="only fixed:K"):
         build_methods(drafter=drafter, policies=["full:2"], prompt_lookup_num_tokens=None)
     sps = {"hardware_aware": {"steps_per_second": {1: 10.0, 2: 9.0}}}
-    methods, skipped = build_methods(drafter=drafter, policies=["hardware_aware", "hardware_aware:0.5",
+    methods, skipped = build_methods(drafter=drafter, policies=["hardware_aware", "hardware_aware:0",
                                                                 "hardware_aware:1.5"],
                                      policy_kwargs=sps, prompt_lookup_num_tokens=None)
     assert [(m.name, m.policy.plan_smoothing) for m in methods[1:]] == [
-        ("dspark_hardware_aware", 0.0), ("dspark_hardware_aware_smooth0.5", 0.5)]
+        ("dspark_hardware_aware", 0.5), ("dspark_hardware_aware_smooth0", 0.0)]
     assert "plan_smoothing" in skipped["dspark_hardware_aware_smooth1.5"]
     with pytest.raises(ValueError, match="hardware_aware:W"):
         build_methods(drafter=drafter, policies=["hardware_aware:x"], policy_kwargs=sps, prompt_lookup_num_tokens=None)

@@ -427,7 +427,7 @@ def test_online_correction_pulls_overconfident_plans_down():
 
 def test_plan_smoothing_averages_survival_over_observed_rounds():
     speeds = {1: 10.0, 2: 9.0}  # one draft pays when its survival a_1 > 1/9
-    last_only = HardwareAwarePolicy(speeds, draft_seconds=0.0)
+    last_only = HardwareAwarePolicy(speeds, draft_seconds=0.0, plan_smoothing=0.0)  # spec 5.3
     smoothed = HardwareAwarePolicy(speeds, draft_seconds=0.0, plan_smoothing=0.5)
     assert smoothed.plan_confidences([0.5, 0.4]) == [0.5, 0.4]  # the first round is all there is
     # a 1-slot round continues its last confidence: survival [0.1, 0.01], blended with [0.5, 0.2]
