@@ -24,6 +24,7 @@ import torch
 
 from dspark_hf import DSparkDrafter
 from dspark_hf.benchmarks.merge import MACHINE_KEYS
+from dspark_hf.benchmarks.report import describe_machine
 from dspark_hf.hub import render_model_card
 from dspark_hf.models import load_target
 from dspark_hf.vocabulary import count_response_tokens, coverage, select_draft_vocabulary, special_token_ids
@@ -106,9 +107,7 @@ def main() -> None:
                 summary = [row for row in summary if row["category"] != "all"]
             rows += [{"max_new_tokens": new_tokens, **{k: row[k] for k in keep}} for row in summary]
             commands.append(results["command"])
-        machine = results["machine"]
-        benchmark = {"rows": rows, "machine": f"{machine.get('cpu_model')} ({machine.get('cpu_count')} CPUs, "
-                     f"{machine.get('torch_threads')} torch threads)", "versions": results["versions"],
+        benchmark = {"rows": rows, "machine": describe_machine(results["machine"]), "versions": results["versions"],
                      "command": "; ".join(commands)}
     card = render_model_card(
         drafter, repo_id="dspark-hf/dspark-smollm2-135m-instruct",

@@ -133,6 +133,13 @@ def _load_lines(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def describe_machine(machine: dict[str, Any]) -> str:
+    """One line for a results file's `machine`: CPU model, CPUs, torch threads, and the GPU when there was one."""
+    gpu = f", {machine['cuda_device']}" if machine.get("cuda_device") else ""
+    return (f"{machine.get('cpu_model')} ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch "
+            f"threads){gpu}")
+
+
 def markdown_report(results: dict[str, Any]) -> str:
     """The whole markdown report: how it was run, one table per mode, skipped methods."""
     machine, versions = results["machine"], results["versions"]
@@ -141,8 +148,7 @@ def markdown_report(results: dict[str, Any]) -> str:
         "# dspark-hf bench",
         "",
         f"- command: `{results['command']}`",
-        f"- machine: {machine.get('cpu_model')} ({machine.get('cpu_count')} CPUs, {machine.get('torch_threads')} torch "
-        f"threads){', ' + machine['cuda_device'] if machine.get('cuda_device') else ''}",
+        f"- machine: {describe_machine(machine)}",
         *_load_lines(results),
         "- versions: " + ", ".join(f"{name} {version}" for name, version in versions.items()),
         f"- {settings['num_prompts']} prompts, max {settings['max_new_tokens']} new tokens, "
