@@ -195,17 +195,28 @@ def test_bench_load_closed_loop_counts_every_request():
         row = run_level(engine, [[5, 6, 7], [8, 9]], concurrency=3, num_requests=7, max_new_tokens=6)
         assert row["requests"] == 7 and row["tokens"] == 7 * 6
         assert row["throughput_tok_s"] > 0 and row["tau"] >= 1.0
+        # Full load = the steps with 3 rows; the drain once the queue is empty is not counted.
+        assert 0 < row["full_load_tokens"] < 7 * 6 and row["full_load_steps"] < row["steps"]
+        assert row["full_load_throughput_tok_s"] > 0
+        if engine.drafter is None:  # equal-length requests finish together: two full waves, then the drain
+            # 5 steps per wave: the first commits the prefill's token and one decoded token
+            assert row["full_load_tokens"] == 6 * 6 and row["full_load_steps"] == 2 * 5
 
 
 def test_bench_load_pools_passes_by_totals():
     from dspark_hf.benchmarks.bench_load import pool_passes
 
     a = {"concurrency": 4, "requests": 8, "tokens": 400, "seconds": 10.0, "throughput_tok_s": 40.0,
-         "per_request_tok_s": 10.0, "tau": 2.0, "mean_verified": 3.0, "rounds": 100, "skipped_rounds": 10}
+         "per_request_tok_s": 10.0, "tau": 2.0, "mean_verified": 3.0, "rounds": 100, "skipped_rounds": 10,
+         "full_load_tokens": 300, "full_load_seconds": 5.0, "full_load_throughput_tok_s": 60.0, "full_load_steps": 40,
+         "steps": 60}
     b = {**a, "tokens": 400, "seconds": 30.0, "throughput_tok_s": 400 / 30.0, "per_request_tok_s": 4.0, "tau": 1.0,
-         "rounds": 300, "skipped_rounds": 0, "mean_verified": 1.0}
+         "rounds": 300, "skipped_rounds": 0, "mean_verified": 1.0, "full_load_tokens": 100, "full_load_seconds": 15.0,
+         "full_load_throughput_tok_s": 100 / 15.0}
     row = pool_passes([a, b])
     assert row["throughput_tok_s"] == 20.0  # 800 tokens in 40 s, not the mean of the two rates
+    assert row["full_load_throughput_tok_s"] == 20.0 and row["pass_full_load_throughputs_tok_s"][0] == 60.0
+    assert row["full_load_steps"] == 80 and row["steps"] == 120
     assert row["per_request_tok_s"] == 7.0 and row["tau"] == 1.25 and row["mean_verified"] == 1.5
     assert row["passes"] == 2 and row["skipped_rounds"] == 10 and row["pass_throughputs_tok_s"][0] == 40.0
 
