@@ -141,11 +141,13 @@ def test_a_profile_from_another_machine_warns_once(tmp_path, monkeypatch):
     monkeypatch.setattr(profiling.logger, "warning", lambda message: warnings.append(message))
     here = profiling.machine_metadata("cpu")
     table = {"1": 10.0, "2": 6.0}
-    for name, metadata in (("same", here), ("other", {**here, "cpu_count": here["cpu_count"] + 64})):
+    for name, metadata in (("same", here), ("other", {**here, "cpu_count": here["cpu_count"] + 64}),
+                           ("build", {**here, "torch": "0.0.1+other"})):
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps({"format": profiling.PROFILE_FORMAT, "by_batch_size": {"1": table},
                                     "metadata": metadata}))
         for _ in range(2):
             assert profiling.load_steps_per_second(path) == {1: 10.0, 2: 6.0}
-    assert len(warnings) == 1 and "other.json" in warnings[0] and "cpu_count" in warnings[0]
+    assert len(warnings) == 2 and "other.json" in warnings[0] and "cpu_count" in warnings[0]
     assert "dspark-hf profile" in warnings[0]
+    assert "build.json" in warnings[1] and "'0.0.1+other' there" in warnings[1]

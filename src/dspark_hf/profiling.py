@@ -200,10 +200,11 @@ _WARNED_PROFILES: set[str] = set()
 
 
 def profile_mismatches(metadata: dict) -> list[str]:
-    """How the machine a profile was measured on differs from this one (processor, cores, threads, GPU)."""
+    """How the machine a profile was measured on differs from this one (processor, cores, threads, GPU, torch build:
+    another build brings other kernels, e.g. a CUDA wheel's CPU kernels differ from the CPU wheel's)."""
     on_gpu = metadata.get("device", "cpu").startswith("cuda")
     here = machine_metadata("cuda" if on_gpu and torch.cuda.is_available() else "cpu")
-    keys = ["device_name", "cpu_count"]
+    keys = ["device_name", "cpu_count", "torch"]
     if not on_gpu:
         keys.append("torch_num_threads")  # CPU speed scales with the threads torch uses
     return [f"{key} {metadata[key]!r} there, {here[key]!r} here" for key in keys
