@@ -200,8 +200,8 @@ _WARNED_PROFILES: set[str] = set()
 
 
 def profile_mismatches(metadata: dict) -> list[str]:
-    """How the machine a profile was measured on differs from this one (processor, cores, threads, GPU, torch build:
-    another build brings other kernels, e.g. a CUDA wheel's CPU kernels differ from the CPU wheel's)."""
+    """How the machine a profile was measured on differs from this one (processor, cores, threads, GPU, and the torch
+    build, which may bring other kernels)."""
     on_gpu = metadata.get("device", "cpu").startswith("cuda")
     here = machine_metadata("cuda" if on_gpu and torch.cuda.is_available() else "cpu")
     keys = ["device_name", "cpu_count", "torch"]
