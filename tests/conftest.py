@@ -22,6 +22,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 # Tiny models run ~10x faster single-threaded than fighting over two shared cores.
 torch.set_num_threads(1)
 
+# The default policy ("auto": hardware-aware on this machine's measured speeds) makes verification lengths depend on
+# timings; tests pin the full block so that every draft is verified, and tests of "auto" unset this
+# (tests/test_default_policy.py).
+os.environ["DSPARK_HF_VERIFICATION_POLICY"] = "full"
+
 
 TINY = dict(
     vocab_size=97,

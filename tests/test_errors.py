@@ -73,8 +73,10 @@ def test_confidence_policy_needs_a_confidence_head(target):
         target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4)
 
 
-def test_unknown_policy_name_is_refused(target, drafter):
-    drafter.verification_policy = "sometimes"
+def test_unknown_policy_name_is_refused(target, drafter, monkeypatch):
+    with pytest.raises(ValueError, match="Unknown verification policy 'sometimes'"):
+        drafter.verification_policy = "sometimes"  # refused when set, not at the next generate
+    monkeypatch.setenv("DSPARK_HF_VERIFICATION_POLICY", "sometimes")
     with pytest.raises(ValueError, match="Unknown verification policy 'sometimes'"):
         target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4)
 

@@ -30,7 +30,7 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 # Keep in sync with pyproject.toml.
-SUPPORTED_TRANSFORMERS = (version.parse("5.24.0"), version.parse("5.25.0"))
+SUPPORTED_TRANSFORMERS = (version.parse("5.24.0"), version.parse("5.26.0"))
 
 _ASSISTED_LOOP_NEEDS = ("model_outputs=outputs", "is_first_iteration=is_first_iteration", "n_last_matches=n_matches",
                         "model_kwargs_overrides", "update_candidate_strategy(")

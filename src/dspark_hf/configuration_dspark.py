@@ -43,6 +43,7 @@ class DSparkKeys:
     confidence_temperatures: list[float] | None = None
     target_model_type: str | None = None
     draft_vocab_size: int | None = None
+    target_name_or_path: str | None = None
 
     def validate_dspark(self) -> None:
         """Raises `ValueError` naming the offending value when the DSpark keys are inconsistent."""
@@ -119,6 +120,10 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
         Size of a reduced draft vocabulary (the EAGLE-3 / vLLM convention): the LM head and the Markov head's ``W2``
         score only these tokens, whose target ids the ``d2t`` buffer holds as offsets (``target = draft + d2t``).
         ``None`` drafts over the whole vocabulary. See [`DSparkDrafter.reduce_vocabulary`].
+    target_name_or_path (`str`, *optional*):
+        The target the drafter was built for (Hub id, local folder or embedded name, as given to `from_target`).
+        A compact checkpoint (saved without the vocabulary tensors) that names its target binds that target's
+        embedding and LM head on load without being passed the target.
 
     Example:
 
@@ -168,6 +173,7 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
             num_hidden_layers=kwargs.pop("num_hidden_layers", 1),
             num_target_layers=num_target_layers,
             target_model_type=text_config.model_type,
+            target_name_or_path=getattr(target_config, "_name_or_path", None) or None,
             tie_word_embeddings=False,
             target_layer_ids=kwargs.pop("target_layer_ids", None) or default_target_layer_ids(num_target_layers),
         )
@@ -192,6 +198,8 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
             output.pop("confidence_head_with_markov", None)
         if self.confidence_temperatures is None:
             output.pop("confidence_temperatures", None)
+        if self.target_name_or_path is None:
+            output.pop("target_name_or_path", None)
         if self.target_model_type is None:  # DeepSpec's Qwen3 configs have no such key
             output.pop("target_model_type", None)
         if self.draft_vocab_size is None:

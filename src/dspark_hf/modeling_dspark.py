@@ -9,6 +9,7 @@ Module tree and tensor names follow the official checkpoint layout (spec section
 from __future__ import annotations
 
 import logging as stdlib_logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,7 @@ from transformers.models.qwen3.modeling_qwen3 import (
 from transformers.utils import logging
 
 from .configuration_dspark import DSparkConfig
+from .generation.policies import AUTO, check_policy_name
 
 
 logger = logging.get_logger(__name__)
@@ -292,6 +294,25 @@ class DSparkDrafter(DSparkPreTrainedModel):
             return None
         return torch.arange(self.d2t.shape[0], device=self.d2t.device) + self.d2t
 
+    @property
+    def verification_policy(self):
+        """How much of each drafted block the target verifies (`str` or [`VerificationPolicy`]).
+
+        `"auto"` (the default) is the hardware-aware scheduler on this machine's measured speeds: the drafter folder's
+        `dspark_sps_profile.json` when it was measured on this kind of machine in the target's dtype, else a profile
+        measured on first use (a few seconds) and cached in the dspark-hf cache folder; a drafter without confidence
+        head verifies the full block. Set a name (`"full"`, `"threshold"`, `"hardware_aware"`) or an instance
+        (`FixedLengthPolicy(2)`, `ThresholdPolicy(0.5)`, `HardwareAwarePolicy(profile)`); `None` restores the default.
+        The environment variable `DSPARK_HF_VERIFICATION_POLICY` changes the default (a policy name).
+        """
+        policy = self.__dict__.get("_verification_policy")
+        return policy if policy is not None else os.environ.get("DSPARK_HF_VERIFICATION_POLICY", AUTO)
+
+    @verification_policy.setter
+    def verification_policy(self, policy) -> None:
+        check_policy_name(policy)
+        self.__dict__["_verification_policy"] = policy
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embed_tokens
 
@@ -339,24 +360,18 @@ class DSparkDrafter(DSparkPreTrainedModel):
         # transformers' load report would call the vocabulary tensors of a compact checkpoint "newly initialized";
         # they are bound from the target below, and every real mismatch raises here, so the report stays quiet.
         report_logger = logging.get_logger("transformers.modeling_utils")
-        quiet = _DropLoadReport() if target is not None else None
-        if quiet is not None:
-            report_logger.addFilter(quiet)
+        quiet = _DropLoadReport()
+        report_logger.addFilter(quiet)
         try:
             model, info = super().from_pretrained(
                 pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
             )
         finally:
-            if quiet is not None:
-                report_logger.removeFilter(quiet)
+            report_logger.removeFilter(quiet)
         missing = set(map(str, info.get("missing_keys") or ()))
         if missing and missing <= set(VOCABULARY_TENSORS):
-            if target is None:
-                raise ValueError(
-                    f"{pretrained_model_name_or_path!r} is a compact drafter saved without {sorted(missing)}; "
-                    "pass the target: DSparkDrafter.from_pretrained(path, target=target)."
-                )
-            model.bind_vocabulary(target)
+            model.bind_vocabulary(target if target is not None else _load_named_target(model.config,
+                                                                                        pretrained_model_name_or_path))
             info["missing_keys"] = set()
         problems = {name: info.get(name) for name in ("missing_keys", "unexpected_keys", "mismatched_keys")}
         problems = {name: sorted(map(str, keys)) for name, keys in problems.items() if keys}
@@ -591,6 +606,22 @@ class DSparkDrafter(DSparkPreTrainedModel):
                 "The drafter's embedding table differs from the target's: it was probably trained for another model. "
                 "Output stays identical to the target's, but few drafts will be accepted."
             )
+
+
+def _load_named_target(config: DSparkConfig, checkpoint) -> PreTrainedModel:
+    """The target a compact checkpoint names in `target_name_or_path` (embedded names resolve offline)."""
+    name = config.target_name_or_path
+    if not name:
+        raise ValueError(
+            f"{str(checkpoint)!r} is a compact drafter (saved without {list(VOCABULARY_TENSORS)}) that does not name "
+            "its target; pass it: DSparkDrafter.from_pretrained(path, target=target) (on the command line: --target)."
+        )
+    from transformers import AutoModelForCausalLM
+
+    from .models import resolve_target_path
+
+    logger.info(f"Binding the vocabulary of {name} into the compact drafter {checkpoint}.")
+    return AutoModelForCausalLM.from_pretrained(resolve_target_path(name), dtype=torch.float32)
 
 
 def _refuse_draft_vocab_size(kwargs: dict) -> None:

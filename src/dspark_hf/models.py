@@ -89,6 +89,8 @@ def load_target(
     path = resolve_target_path(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if name_or_path in EMBEDDED_TARGETS:  # name it by its Hub id rather than this machine's cache folder
+        model.config._name_or_path = EMBEDDED_TARGETS[name_or_path][0]
     if device is not None:
         model.to(device)
     return model.eval(), tokenizer

@@ -19,6 +19,7 @@ dspark-hf profile --target my-target --max-tokens 16 --batch-sizes 1 2 4 --outpu
 from __future__ import annotations
 
 import datetime
+import hashlib
 import importlib.metadata
 import json
 import os
@@ -220,8 +221,65 @@ def warn_if_profiled_elsewhere(metadata: dict, path: str | os.PathLike) -> None:
         logger.warning(
             f"The steps-per-second profile {path} was measured on another machine ({'; '.join(differences)}). "
             "The hardware-aware policy will schedule for that machine's speeds; profile this one with "
-            "`dspark-hf profile --drafter DRAFTER_DIR` (about a minute on a CPU)."
+            "`dspark-hf profile --target TARGET --drafter DRAFTER_DIR --output PROFILE.json`, or leave "
+            "drafter.verification_policy at its default 'auto', which measures this machine on first use."
         )
+
+
+def _profile_fits(profile: dict, target: torch.nn.Module, max_tokens: int) -> bool:
+    """Whether a saved profile was measured on this kind of machine, in the target's dtype, up to `max_tokens`."""
+    settings = profile.get("settings") or {}
+    return (
+        profile.get("format") == PROFILE_FORMAT
+        and not profile_mismatches(profile.get("metadata") or {})
+        and settings.get("dtype") == str(target.dtype)
+        and int(settings.get("max_tokens", 0)) >= max_tokens
+    )
+
+
+def _cached_profile_path(target: torch.nn.Module, max_tokens: int, forward_kwargs: dict) -> Path:
+    """Where a profile measured on first use is kept: the dspark-hf cache folder, keyed by what the speed depends
+    on (the target's architecture, dtype and device, this machine and its torch build), not by the weights."""
+    from .models import cache_dir
+
+    architecture = {k: v for k, v in target.config.to_dict().items()
+                    if not k.startswith("_") and k not in ("transformers_version", "name_or_path")}
+    here = machine_metadata(target.device)
+    key = json.dumps({
+        "architecture": architecture, "dtype": str(target.dtype), "max_tokens": max_tokens,
+        "forward_kwargs": forward_kwargs,
+        "machine": {k: here[k] for k in ("device", "device_name", "cpu_count", "torch_num_threads", "torch")},
+    }, sort_keys=True, default=str)
+    return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
+def steps_per_second_here(target: torch.nn.Module, drafter) -> tuple[dict[int, float], Path]:
+    """The target's steps/s table for this machine, and the file it came from.
+
+    The drafter folder's profile (`dspark_sps_profile.json`) is used when it was measured on this kind of machine
+    (processor, cores, threads, torch build) in the target's dtype; else a profile measured here earlier (cached in
+    the dspark-hf cache folder); else one is measured now, at batch 1 up to a full block (a few seconds for a small
+    target on a CPU), and cached. Nothing is written into the drafter's folder, which may be an installed package.
+    """
+    max_tokens = drafter.config.block_size + 1
+    forward_kwargs = {"output_hidden_states": [i + 1 for i in drafter.config.target_layer_ids]}
+    cached = _cached_profile_path(target, max_tokens, forward_kwargs)
+    folder = Path(drafter.name_or_path) if drafter.name_or_path else None
+    for path in ([folder / PROFILE_FILE_NAME] if folder is not None else []) + [cached]:
+        if path.is_file():
+            profile = json.loads(path.read_text())
+            if _profile_fits(profile, target, max_tokens):
+                return {int(k): float(v) for k, v in profile["steps_per_second"].items()}, path
+    logger.warning(
+        f"dspark-hf: measuring this machine's verification speed for the hardware-aware policy (once per target, "
+        f"dtype and machine; cached in {cached.parent})..."
+    )
+    start = time.perf_counter()
+    profile = profile_steps_per_second(target, max_tokens, (1,), context_length=256, warmup=1, repeats=3,
+                                       forward_kwargs=forward_kwargs)
+    save_profile(profile, cached)
+    logger.warning(f"dspark-hf: measured in {time.perf_counter() - start:.1f} s.")
+    return {int(k): float(v) for k, v in profile["steps_per_second"].items()}, cached
 
 
 def load_steps_per_second(path: str | os.PathLike, batch_size: int = 1) -> dict[int, float]:

@@ -26,7 +26,7 @@ from ..modeling_dspark import DSparkDrafter
 from ..scheduling import drafted_step_throughput, expected_tokens_by_width, plan_is_settled
 from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
-from .policies import FullBlockPolicy, HardwareAwarePolicy, VerificationPolicy, get_policy
+from .policies import FullBlockPolicy, HardwareAwarePolicy, VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
 
 
@@ -109,7 +109,8 @@ class DSparkBatchEngine:
     Args:
         target ([`PreTrainedModel`]): decoder-only target.
         drafter ([`DSparkDrafter`], *optional*): `None` runs plain batched decoding (the target-only baseline).
-        policy (`str` or [`VerificationPolicy`], *optional*): verification lengths; defaults to the drafter's.
+        policy (`str` or [`VerificationPolicy`], *optional*): verification lengths; defaults to the drafter's
+            `verification_policy` (see `resolve_policy`).
             A `HardwareAwarePolicy` schedules all rows jointly with `schedule_verification_lengths`.
         do_sample (`bool`): speculative sampling instead of greedy matching.
         logits_processor ([`LogitsProcessorList`], *optional*): applied per row to target and draft logits alike.
@@ -144,8 +145,7 @@ class DSparkBatchEngine:
         self.policy: VerificationPolicy | None = None
         if drafter is not None:
             drafter.check_target(target)
-            policy = policy if policy is not None else getattr(drafter, "verification_policy", None)
-            self.policy = get_policy(policy)
+            self.policy = resolve_policy(drafter, target, policy)
             self.policy.reset()
             if self.policy.requires_confidence and drafter.confidence_head is None:
                 raise ValueError(f"The {self.policy.name!r} policy needs a drafter with a confidence head.")

@@ -22,7 +22,7 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..modeling_dspark import DSparkDrafter
-from .policies import VerificationPolicy, get_policy
+from .policies import VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
 
 
@@ -37,7 +37,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
             draft's corrected logits exactly as the target's logits get them.
         input_ids (`torch.LongTensor` of shape `(batch, seq)`): the prompt.
         model_kwargs (`dict`): the call's model kwargs (for the attention mask).
-        policy ([`VerificationPolicy`], *optional*): defaults to `drafter.verification_policy`.
+        policy ([`VerificationPolicy`], *optional*): defaults to `drafter.verification_policy` (see `resolve_policy`).
     """
 
     requires_model_outputs = True
@@ -56,7 +56,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         drafter.check_target(target)
         self.drafter = drafter
         self.config = drafter.config
-        self.policy = get_policy(policy if policy is not None else getattr(drafter, "verification_policy", None))
+        self.policy = resolve_policy(drafter, target, policy)
         if self.policy.requires_confidence and drafter.confidence_head is None:
             raise ValueError(
                 f"The {self.policy.name!r} verification policy needs confidences, but this drafter has no confidence "
@@ -76,6 +76,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.stats = DSparkGenerationStats(block_size=self.config.block_size)
         self._pending_round: DSparkRoundStats | None = None
         drafter.generation_stats = self.stats
+
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most drafts one round proposes (transformers >= 5.25 sizes the cache's past recording with it)."""
+        return self.config.block_size
 
     @torch.no_grad()
     def get_candidates(

@@ -5,7 +5,9 @@ x_k is sampled, from the calibrated confidences c_1..c_k only (c_k reads x_{k-1}
 generator asks the policy once per slot, left to right, and stops drafting at the first "no"; that early stop is what
 keeps speculative sampling exact.
 
-Select a policy by name on the drafter (``drafter.verification_policy = "threshold"``) or pass an instance:
+By default (``drafter.verification_policy == "auto"``) generation uses the hardware-aware policy with this machine's
+measured speeds (see `resolve_policy`). Select another by name on the drafter (``drafter.verification_policy =
+"threshold"``) or pass an instance:
 
 ```python
 >>> from dspark_hf.generation.policies import get_policy
@@ -395,6 +397,45 @@ def _continued(survival: list[float], length: int) -> list[float]:
 
 
 POLICIES = {cls.name: cls for cls in (FullBlockPolicy, FixedLengthPolicy, ThresholdPolicy, HardwareAwarePolicy)}
+# The default `drafter.verification_policy`: hardware-aware with this machine's speeds (full block without confidences).
+AUTO = "auto"
+
+
+def check_policy_name(policy: str | VerificationPolicy | None) -> None:
+    """Refuses what `drafter.verification_policy` cannot take, when it is set rather than at the next generate."""
+    if policy is None or isinstance(policy, VerificationPolicy) or policy == AUTO or policy in POLICIES:
+        return
+    raise ValueError(
+        f"Unknown verification policy {policy!r}; choose one of {sorted([AUTO, *POLICIES])} or pass a "
+        "VerificationPolicy instance (e.g. FixedLengthPolicy(2), ThresholdPolicy(0.5))."
+    )
+
+
+def resolve_policy(drafter, target, policy: str | VerificationPolicy | None = None) -> VerificationPolicy:
+    """The policy a generation with `drafter` on `target` uses: `policy`, else `drafter.verification_policy`.
+
+    `"auto"` and `"hardware_aware"` become a [`HardwareAwarePolicy`] on this machine's speed profile
+    (`dspark_hf.profiling.steps_per_second_here`: the drafter folder's when it matches this machine, else one measured
+    on first use and cached), kept on the drafter per target so that its measured timings carry over between
+    `generate` calls. `"auto"` is the full block for a drafter without confidence head.
+    """
+    policy = drafter.verification_policy if policy is None else policy
+    if isinstance(policy, VerificationPolicy):
+        return policy
+    check_policy_name(policy)
+    if policy not in (AUTO, HardwareAwarePolicy.name):
+        return get_policy(policy)
+    if drafter.confidence_head is None:
+        if policy == AUTO:
+            return FullBlockPolicy()
+        raise ValueError("The 'hardware_aware' policy needs a drafter with a confidence head; use 'full'.")
+    key = (id(target), str(target.dtype), str(target.device))
+    resolved = drafter.__dict__.setdefault("_resolved_policies", {})
+    if key not in resolved:
+        from ..profiling import steps_per_second_here  # lazy: profiling imports model loading
+
+        resolved[key] = HardwareAwarePolicy(steps_per_second_here(target, drafter)[0])
+    return resolved[key]
 
 
 def get_policy(policy: str | VerificationPolicy | None, **kwargs) -> VerificationPolicy:
