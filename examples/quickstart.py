@@ -27,7 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=None, help="target name or path (default: a tiny random Llama)")
     parser.add_argument("--drafter", default=None, help="drafter path or repo id (default: a fresh untrained one)")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--max_new_tokens", "--max-new-tokens", type=int, default=48)
     args = parser.parse_args()
 
     if args.target is None:

@@ -5,6 +5,7 @@ Each subcommand module exposes `main(argv: list[str]) -> int | None`.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 
@@ -22,6 +23,22 @@ COMMANDS = {
 }
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """`argparse.ArgumentParser` with the project's option spelling: snake_case (`--max_new_tokens`), as
+    `transformers.HfArgumentParser` writes it for the other commands, with kebab-case (`--max-new-tokens`) accepted."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args([self._canonical(arg) for arg in args], namespace)
+
+    def _canonical(self, arg: str) -> str:
+        if not arg.startswith("--") or arg == "--":
+            return arg
+        option, equals, value = arg.partition("=")
+        snake = "--" + option[2:].replace("-", "_")
+        return snake + equals + value if snake in self._option_string_actions else arg
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -29,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: dspark-hf COMMAND [options]\n\ncommands:")
         for name, (_, help_text) in COMMANDS.items():
             print(f"  {name:<{width}}  {help_text}")
+        print("\n`dspark-hf COMMAND --help` lists a command's options. Options are spelled in snake_case "
+              "(--max_new_tokens); kebab-case (--max-new-tokens) works too.")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 from transformers import TextStreamer
 
+from .cli import ArgumentParser
 from .generation.policies import HardwareAwarePolicy, get_policy
 from .modeling_dspark import DSparkDrafter
 from .models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target
@@ -29,20 +30,20 @@ DEMO_PROMPTS = [
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="dspark-hf demo", description=__doc__)
+    parser = ArgumentParser(prog="dspark-hf demo", description=__doc__)
     parser.add_argument("--target", default=DEFAULT_TARGET, help="target model name or path (default: %(default)s)")
     parser.add_argument("--drafter", default=None,
                         help="drafter path or repo id (default: the drafter shipped for the embedded target)")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--policy", default=None,
                         help="verification policy: hardware_aware, full, threshold, fixed (default: hardware_aware "
                              "when the drafter folder has a speed profile, else full)")
     parser.add_argument("--length", type=int, default=None, help="drafts per round for --policy fixed")
     parser.add_argument("--threshold", type=float, default=None, help="confidence threshold for --policy threshold")
-    parser.add_argument("--drafter-dtype", default="auto", choices=DRAFTER_DTYPES,
+    parser.add_argument("--drafter_dtype", default="auto", choices=DRAFTER_DTYPES,
                         help="dtype the drafter runs in (auto: bfloat16 where the device computes it natively, else "
                         "float32; the output is identical either way)")
-    parser.add_argument("--no-stream", action="store_true", help="do not stream the DSpark text")
+    parser.add_argument("--no_stream", action="store_true", help="do not stream the DSpark text")
     parser.add_argument("--prompt", action="append", default=None, help="your own prompt(s) instead of the demo set")
     return parser.parse_args(argv)
 

@@ -1,18 +1,18 @@
 """`dspark-hf profile`: the target's forward steps per second by number of tokens in a verification forward.
 
 The hardware-aware scheduler (spec 5.2) needs ``SPS(B)``, measured on the machine that serves. Every size from 1 to
-`--max-tokens` is timed on its own, because real curves are not smooth: on a small CPU, verifying 2 tokens costs
+`--max_tokens` is timed on its own, because real curves are not smooth: on a small CPU, verifying 2 tokens costs
 2-3x a one-token decode step, then cost barely grows with more tokens (see the module docs of
 `dspark_hf.scheduling` for how sizes missing from a profile are read).
 
-Each forward runs over a cache of `--context-length` tokens (cropped back after every forward, as speculative
+Each forward runs over a cache of `--context_length` tokens (cropped back after every forward, as speculative
 decoding does), with warmup rounds first, and the sizes are timed round-robin so that load drifts spread over all of
 them; the median of the repeats is kept. The JSON also records the raw timings and the machine.
 
 ```bash
 # writes path/to/drafter/dspark_sps_profile.json
 dspark-hf profile --target smollm2-135m-instruct --drafter path/to/drafter
-dspark-hf profile --target my-target --max-tokens 16 --batch-sizes 1 2 4 --output sps.json
+dspark-hf profile --target my-target --max_tokens 16 --batch_sizes 1 2 4 --output sps.json
 ```
 """
 
@@ -311,7 +311,7 @@ def load_steps_per_second(path: str | os.PathLike, batch_size: int = 1) -> dict[
     if str(batch_size) not in tables:
         raise ValueError(
             f"{path} has no profile for batch size {batch_size} (it has {sorted(map(int, tables))}); rerun "
-            f"`dspark-hf profile --batch-sizes ... {batch_size}`."
+            f"`dspark-hf profile --batch_sizes ... {batch_size}`."
         )
     return {int(k): float(v) for k, v in tables[str(batch_size)].items()}
 

@@ -207,7 +207,7 @@ def _base_speed(curve: StepsPerSecondCurve, num_requests: int) -> float:
     if speed is None:
         raise ValueError(
             f"The steps-per-second profile covers forwards of up to {curve.max_tokens} tokens, but {num_requests} "
-            "requests need at least one token each; profile larger sizes (`dspark-hf profile --max-tokens N`)."
+            "requests need at least one token each; profile larger sizes (`dspark-hf profile --max_tokens N`)."
         )
     return speed
 

@@ -21,6 +21,8 @@ import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
+from .cli import ArgumentParser
+
 
 
 def count_response_tokens(datasets_or_paths) -> Counter:
@@ -84,7 +86,7 @@ def coverage(counts: Counter | dict[int, int], token_ids: Sequence[int]) -> floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="dspark-hf reduce-vocab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--drafter", required=True, help="trained drafter folder (full vocabulary)")

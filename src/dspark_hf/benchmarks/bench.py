@@ -6,7 +6,7 @@ untimed first (warmup). Speed-ups are per-prompt ratios to target-only on the sa
 
 ```bash
 dspark-hf bench --drafter untrained --prompts data/eval/gsm8k.jsonl data/eval/mt-bench.jsonl \
-    --limit 2 --max-new-tokens 16 --output-dir bench-smoke
+    --limit 2 --max_new_tokens 16 --output_dir bench-smoke
 ```
 
 In Python, on models already in memory:
@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..cli import ArgumentParser
 from ..modeling_dspark import DSparkDrafter
 from ..models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target
 from .methods import (
@@ -277,7 +278,7 @@ def results_document(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="dspark-hf bench",
         description="Benchmark target-only, transformers' assisted generation and prompt lookup, and DSpark "
         "(per verification policy) side by side, interleaved per prompt.",
@@ -286,11 +287,11 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--target", default=DEFAULT_TARGET, help="target name or folder (default: %(default)s)")
     models.add_argument("--drafter", help="DSpark drafter folder, 'untrained' (fresh from_target, for smoke tests) or "
                         "'none'; default: the drafter embedded for the target")
-    models.add_argument("--dflash-drafter", help="markov_rank=0 drafter folder (DFlash ablation) or 'untrained'")
+    models.add_argument("--dflash_drafter", help="markov_rank=0 drafter folder (DFlash ablation) or 'untrained'")
     models.add_argument("--assistant", help="small draft model sharing the target's tokenizer (transformers' "
                         "assisted generation)")
-    models.add_argument("--num-assistant-tokens", type=int, help="drafts per round for --assistant")
-    models.add_argument("--prompt-lookup-num-tokens", type=int, default=10,
+    models.add_argument("--num_assistant_tokens", type=int, help="drafts per round for --assistant")
+    models.add_argument("--prompt_lookup_num_tokens", type=int, default=10,
                         help="drafts per round for prompt lookup decoding; 0 skips it (default: %(default)s)")
     models.add_argument("--policies", default="full,threshold,hardware_aware",
                         help="comma-separated DSpark verification policies; fixed:K verifies K drafts per round, "
@@ -303,7 +304,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     models.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="dtype of the target (and of --assistant)")
-    models.add_argument("--drafter-dtype", default="auto", choices=DRAFTER_DTYPES,
+    models.add_argument("--drafter_dtype", default="auto", choices=DRAFTER_DTYPES,
                         help="dtype the DSpark drafters run in (auto: bfloat16 where the device computes it natively, "
                         "else float32; outputs are identical either way)")
     models.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
@@ -312,17 +313,17 @@ def build_parser() -> argparse.ArgumentParser:
                       help='jsonl files: {"turns": [...]} (category = file stem) or Spec-Bench question.jsonl')
     data.add_argument("--start", type=int, default=0, help="skip this many prompts per category")
     data.add_argument("--limit", type=int, help="keep at most this many prompts per category")
-    data.add_argument("--no-chat-template", action="store_true", help="feed raw turns instead of the chat template")
+    data.add_argument("--no_chat_template", action="store_true", help="feed raw turns instead of the chat template")
     run = parser.add_argument_group("run")
     run.add_argument("--mode", default="greedy", choices=["greedy", "sample", "both"],
                      help="greedy, sampling at temperature 1.0 with fixed seeds, or both (default: %(default)s)")
-    run.add_argument("--max-new-tokens", type=int, default=128, help="per turn (default: %(default)s)")
+    run.add_argument("--max_new_tokens", type=int, default=128, help="per turn (default: %(default)s)")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--no-warmup", action="store_true", help="skip the untimed warmup generation per method")
-    run.add_argument("--save-outputs", action="store_true", help="store every answer's text in results.json")
-    run.add_argument("--output-dir", default="bench-results", help="where results.json/.md and PNGs go")
-    run.add_argument("--no-plots", action="store_true")
-    run.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    run.add_argument("--no_warmup", action="store_true", help="skip the untimed warmup generation per method")
+    run.add_argument("--save_outputs", action="store_true", help="store every answer's text in results.json")
+    run.add_argument("--output_dir", default="bench-results", help="where results.json/.md and PNGs go")
+    run.add_argument("--no_plots", action="store_true")
+    run.add_argument("--no_progress", action="store_true", help="hide the progress bar")
     return parser
 
 

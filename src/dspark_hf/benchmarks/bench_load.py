@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from ..cli import ArgumentParser
 from ..generation.batched import DSparkBatchEngine
 from ..generation.policies import get_policy
 from ..modeling_dspark import DSparkDrafter
@@ -29,19 +30,19 @@ from .prompts import load_prompts, render_conversation
 
 
 def _parse_args(argv) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="dspark-hf bench-load", description=__doc__)
+    parser = ArgumentParser(prog="dspark-hf bench-load", description=__doc__)
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--drafter", default=None, help="drafter path (default: the embedded one)")
     parser.add_argument("--prompts", nargs="+", required=True, help="jsonl prompt files ({'turns': [...]})")
-    parser.add_argument("--drafter-dtype", default="auto", choices=DRAFTER_DTYPES,
+    parser.add_argument("--drafter_dtype", default="auto", choices=DRAFTER_DTYPES,
                         help="dtype the drafter runs in (auto: bfloat16 where computed natively, else float32)")
     parser.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated levels")
     parser.add_argument("--requests", type=int, default=None, help="requests finished per level (default: 2 × c, >= 8)")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--methods", default="target,full,threshold,hardware_aware")
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--sps", default=None, help="profile from `dspark-hf profile` (default: drafter folder's)")
-    parser.add_argument("--output-dir", required=True)
+    parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2,
                         help="passes over all methods per level, in rotated order; numbers are pooled (default: 2)")

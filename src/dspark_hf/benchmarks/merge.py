@@ -18,6 +18,8 @@ from typing import Any
 
 from dspark_hf.benchmarks.report import summarize_records, write_report
 
+from ..cli import ArgumentParser
+
 # Machine fields that must match across parts; the load averages differ by nature and are kept per part.
 MACHINE_KEYS = ("cpu_model", "cpu_count", "cpus_available", "torch_threads", "platform", "device", "cuda_device")
 # Settings that may differ across parts: how many prompts each part ran.
@@ -90,20 +92,20 @@ def _results_path(path: str) -> Path:
         candidate = candidate / "results.json"
     if not candidate.is_file():
         raise FileNotFoundError(f"{path!r} is neither a results.json nor a folder holding one (from dspark-hf bench "
-                                "--output-dir).")
+                                "--output_dir).")
     return candidate
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`dspark-hf bench-merge PART [PART ...] --output-dir OUT`."""
+    """`dspark-hf bench-merge PART [PART ...] --output_dir OUT`."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="dspark-hf bench-merge",
         description="Merge the results of one benchmark run in parts (dspark-hf bench --start/--limit) into one report.",
     )
     parser.add_argument("parts", nargs="+", metavar="PART", help="output folders or results.json files of the parts")
-    parser.add_argument("--output-dir", required=True, help="where the merged results.json/.md and PNGs go")
-    parser.add_argument("--no-plots", action="store_true")
+    parser.add_argument("--output_dir", required=True, help="where the merged results.json/.md and PNGs go")
+    parser.add_argument("--no_plots", action="store_true")
     args = parser.parse_args(argv)
     paths = [_results_path(part) for part in args.parts]
     documents = [json.loads(path.read_text(encoding="utf-8")) for path in paths]

@@ -156,7 +156,7 @@ def build_methods(
     if dflash_drafter is not None:
         methods.append(_dspark_method("dflash", dflash_drafter, policy_module.get_policy("full")))
         if dflash_drafter.config.markov_rank:
-            logger.warning(f"The --dflash-drafter has markov_rank={dflash_drafter.config.markov_rank}; the DFlash "
+            logger.warning(f"The --dflash_drafter has markov_rank={dflash_drafter.config.markov_rank}; the DFlash "
                            "ablation is meant to be a drafter trained with markov_rank=0.")
     for spec in policies if drafter is not None else ():
         name, kwargs, label = _parse_policy_spec(spec, policy_kwargs or {})

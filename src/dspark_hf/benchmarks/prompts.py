@@ -126,6 +126,6 @@ def render_conversation(
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(
             f"The tokenizer ({type(tokenizer).__name__}, {getattr(tokenizer, 'name_or_path', '?')!r}) has no chat "
-            "template. Use an instruct model's tokenizer, or pass --no-chat-template to feed the raw turns."
+            "template. Use an instruct model's tokenizer, or pass --no_chat_template to feed the raw turns."
         )
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
