@@ -15,7 +15,7 @@ import pytest
 import torch
 from huggingface_hub import HfApi, ModelCard
 from safetensors import safe_open
-from transformers import AutoModel
+from transformers import AutoModel, BatchEncoding
 
 from dspark_hf import DSparkDrafter, cli, hub, interop
 
@@ -130,7 +130,7 @@ def write_hub_cache(cache: Path, repo_id: str, folder: Path, revision: str = "0"
 HUB_SCRIPT = textwrap.dedent("""
     import json
     import dspark_hf
-    from transformers import AutoModel
+    from transformers import AutoModel, BatchEncoding
     from dspark_hf import DSparkDrafter, hub
     drafter = DSparkDrafter.from_pretrained("org/dspark-qwen3")
     auto = AutoModel.from_pretrained("org/dspark-qwen3")
@@ -319,6 +319,32 @@ def test_custom_generate_folder_matches_target_and_dspark_hf(tmp_path):
     assert any(r.accepted < r.verified for r in rounds) and any(r.accepted > 0 for r in rounds)
 
 
+def card_snippet(card_text: str, heading: str) -> str:
+    """The first Python block under `heading` of a model card, as a user would copy it."""
+    section = card_text.split(heading, 1)[1]
+    return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.usefixtures("modules_cache")
+def test_card_snippet_without_dspark_hf_runs_as_written(tmp_path):
+    target, source = predictable_pair(tmp_path)
+    folder = tmp_path / "published"
+    # A dry run "published" at a local folder: the card's snippet and the recipe's default drafter both name it, as
+    # they name the Hub repository of a real push, so the snippet runs verbatim without the Hub.
+    argv = ["--drafter", str(source), "--repo_id", str(folder), "--base_model", "org/tiny-target", "--license", "mit",
+            "--output_dir", str(folder)]  # fmt: skip
+    assert hub.main(argv) == 0
+    snippet = card_snippet(ModelCard.load(folder / "README.md").text, "### transformers, without dspark-hf")
+    assert f'custom_generate="{folder}", trust_remote_code=True' in snippet
+    # What the card's first snippet builds with the tokenizer: input_ids and attention_mask, passed as **inputs.
+    inputs = BatchEncoding({"input_ids": PROMPT, "attention_mask": torch.ones_like(PROMPT)})
+    namespace = {"target": target, "inputs": inputs}
+    exec(snippet, namespace)
+    expected = target.generate(**inputs, max_new_tokens=256, do_sample=False)
+    assert expected.shape[1] == PROMPT.shape[1] + 256
+    assert torch.equal(namespace["output"], expected)
+
+
 @torch.no_grad()
 def test_standalone_drafter_matches_dspark_drafter(tmp_path):
     path = interop.write_synthetic_checkpoint(tmp_path, variant="qwen3", dtype="float32", attention_bias=True)
@@ -367,6 +393,9 @@ def test_custom_generate_samples_and_stops(tmp_path):
     (dict(num_beams=2), "num_beams"),
     (dict(repetition_penalty=1.3), "repetition_penalty"),
     (dict(input_ids=torch.cat([PROMPT, PROMPT])), "one prompt at a time"),
+    (dict(inputs=PROMPT), "pass the prompt once"),
+    (dict(attention_mask=torch.ones(1, 3, dtype=torch.long)), "attention_mask has shape"),
+    (dict(attention_mask=torch.tensor([[0, 1, 1, 1, 1, 1, 1]])), "padding"),
 ])  # fmt: skip
 @pytest.mark.usefixtures("modules_cache")
 def test_custom_generate_refuses_what_it_cannot_do(tmp_path, kwargs, message):
