@@ -17,7 +17,9 @@ from huggingface_hub import HfApi, ModelCard
 from safetensors import safe_open
 from transformers import AutoModel, BatchEncoding
 
+from conftest import make_drafter, make_target
 from dspark_hf import DSparkDrafter, cli, hub, interop
+from test_training_helpers import char_tokenizer
 
 
 PROMPT = torch.tensor([[5, 17, 42, 99, 7, 8, 9]])
@@ -280,6 +282,28 @@ def test_push_command(fake_hub, tmp_path):
     assert hub.main([*args, "--output_dir", str(tmp_path / "dry")]) == 0
     assert_published(tmp_path / "dry", "org/cli")
     assert [c[0] for c in fake_hub[1]] == ["create_repo", "upload_folder"]  # the dry run uploaded nothing
+
+
+def test_push_command_binds_a_compact_drafter_to_target(tmp_path):
+    target = make_target("qwen3")
+    for name, model in (("target", target), ("other", make_target("qwen3", vocab_size=120))):
+        model.save_pretrained(tmp_path / name)
+        char_tokenizer().save_pretrained(tmp_path / name)
+    make_drafter(target).save_compact(tmp_path / "compact")
+    argv = ["--drafter", str(tmp_path / "compact"), "--repo_id", "org/compact", "--base_model", "org/tiny-target",
+            "--license", "mit", "--datasets", "org/chat-responses", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    with pytest.raises(SystemExit, match=r"is a compact drafter .* pass --target"):
+        hub.main(argv)
+    with pytest.raises(SystemExit, match=r"cannot load --drafter .* embedding has shape \(120, 32\)"):
+        hub.main([*argv, "--target", str(tmp_path / "other")])
+    with pytest.raises(SystemExit, match="cannot load --target .*missing"):
+        hub.main([*argv, "--target", str(tmp_path / "missing")])
+    assert not (tmp_path / "out").exists()
+    assert hub.main([*argv, "--target", str(tmp_path / "target"), "--dtype", "none"]) == 0
+    assert_published(tmp_path / "out", "org/compact")
+    published = DSparkDrafter.from_pretrained(tmp_path / "out")  # the official layout: no target needed
+    assert torch.equal(published.embed_tokens.weight, target.get_input_embeddings().weight)
+    assert torch.equal(published.lm_head.weight, target.get_output_embeddings().weight)
 
 
 # --- custom_generate: DSpark for users without dspark-hf -------------------------------------------------------------
