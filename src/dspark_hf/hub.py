@@ -381,9 +381,10 @@ def _load_drafter_to_push(drafter: str, target_name: str | None) -> PreTrainedMo
         try:
             target, _ = load_target(target_name)
         except (OSError, ValueError) as error:
+            reason = (str(error).splitlines() or [type(error).__name__])[0]
             raise SystemExit(
-                f"dspark-hf push: cannot load --target {target_name!r} ({str(error).splitlines()[0]}); pass the "
-                "target's folder, Hub id or embedded name."
+                f"dspark-hf push: cannot load --target {target_name!r} ({reason}); pass the target's folder, Hub id "
+                "or embedded name."
             ) from None
     try:
         return load_drafter(drafter, target=target)
