@@ -1,6 +1,7 @@
 """LoRA fine-tuning: train -> save adapter -> load -> generate with the PeftModel -> merge -> official layout."""
 
 import json
+from pathlib import Path
 
 import datasets
 import pytest
@@ -111,3 +112,19 @@ def test_merge_command_line(tmp_path):
     assert not torch.allclose(merged.fc.weight.float(), base.fc.weight, atol=1e-4)
     with pytest.raises(FileNotFoundError, match="adapter"):
         lora.load_lora_drafter(tmp_path / "base")
+
+
+def test_adapter_loads_its_base_from_another_directory(tmp_path, monkeypatch):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "run")
+    DSparkDrafter.from_target(learnable_target(), block_size=3, markov_rank=8).save_pretrained("base")
+    model = lora.add_lora(DSparkDrafter.from_pretrained("base"), r=2)  # the base named by a relative path
+    model.save_pretrained("adapter")
+    recorded = json.loads(Path("adapter/adapter_config.json").read_text())["base_model_name_or_path"]
+    assert recorded == str((tmp_path / "run" / "base").resolve())
+
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    loaded = lora.load_lora_drafter(tmp_path / "run" / "adapter")
+    expected = {name: tensor for name, tensor in model.state_dict().items() if "lora_" in name}
+    assert expected and all(torch.equal(loaded.state_dict()[name], tensor) for name, tensor in expected.items())

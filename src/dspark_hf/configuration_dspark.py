@@ -234,12 +234,27 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
         config_dict.setdefault("markov_rank", 0)
         config_dict.setdefault("enable_confidence_head", False)
         config_dict.setdefault("markov_head_type", "vanilla")
-        # v4 spellings
-        if "rope_theta" in config_dict and "rope_parameters" not in config_dict:
-            config_dict["rope_parameters"] = {"rope_type": "default", "rope_theta": config_dict.pop("rope_theta")}
+        _convert_v4_rope(config_dict)
         if "torch_dtype" in config_dict and "dtype" not in config_dict:
             config_dict["dtype"] = config_dict.pop("torch_dtype")
         return super().from_dict(config_dict, **kwargs)
+
+
+def _convert_v4_rope(config_dict: dict[str, Any]) -> None:
+    """Merges the v4 spelling (``rope_theta`` beside ``rope_scaling``) into v5 ``rope_parameters``, in place.
+
+    transformers' own conversion keeps the scaling but, given both keys in a config dict, drops ``rope_theta`` for its
+    default (10000): a YaRN drafter of a 1e6-theta target would rotate at the wrong frequencies without any error.
+    """
+    if "rope_parameters" in config_dict or not ({"rope_theta", "rope_scaling"} & config_dict.keys()):
+        return
+    rope_parameters = dict(config_dict.pop("rope_scaling", None) or {})
+    if "type" in rope_parameters:  # the oldest spelling of rope_type
+        rope_parameters.setdefault("rope_type", rope_parameters.pop("type"))
+    rope_parameters.setdefault("rope_type", "default")
+    if "rope_theta" in config_dict:
+        rope_parameters["rope_theta"] = config_dict.pop("rope_theta")
+    config_dict["rope_parameters"] = rope_parameters
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int = 5) -> list[int]:

@@ -311,14 +311,19 @@ def push_drafter(
         )
 
 
-def load_drafter(name_or_path: str, **kwargs) -> PreTrainedModel:
-    """Loads a drafter of either layout (``Qwen3DSparkModel`` or ``Gemma4DSparkModel``) from a folder or Hub id."""
+def load_drafter(name_or_path: str, target: PreTrainedModel | None = None, **kwargs) -> PreTrainedModel:
+    """Loads a drafter of either layout (``Qwen3DSparkModel`` or ``Gemma4DSparkModel``) from a folder or Hub id.
+
+    Args:
+        target ([`PreTrainedModel`], *optional*): binds its embedding and LM head into a compact checkpoint (one saved
+            by [`DSparkDrafter.save_compact`] without them); unused for a checkpoint that has them.
+    """
     from .modeling_dspark import DSparkDrafter
     from .modeling_dspark_gemma4 import DSparkGemma4Drafter
 
     config_dict, _ = PreTrainedConfig.get_config_dict(name_or_path, **kwargs)
     drafter_class = DSparkGemma4Drafter if interop.drafter_variant(config_dict) == "gemma4" else DSparkDrafter
-    return drafter_class.from_pretrained(name_or_path, **kwargs)
+    return drafter_class.from_pretrained(name_or_path, target=target, **kwargs)
 
 
 # --- command line -----------------------------------------------------------------------------------------------------
@@ -337,6 +342,12 @@ class PushArguments:
     dtype: str = field(default="bfloat16", metadata={"help": "Dtype of the uploaded weights ('none' keeps them)."})
     private: bool = field(default=False, metadata={"help": "Create the repository as private."})
     token: str | None = field(default=None, metadata={"help": "Hub token (defaults to the logged-in one)."})
+    target: str | None = field(
+        default=None,
+        metadata={"help": "Target (folder, Hub id or embedded name) whose embedding and LM head a compact drafter "
+                          "(saved without them) binds; the pushed checkpoint then holds them, as the official layout "
+                          "requires."},
+    )  # fmt: skip
     output_dir: str | None = field(
         default=None, metadata={"help": "Write the repository folder here instead of uploading it (a dry run)."}
     )
@@ -350,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     card_data = {"base_model": args.base_model, "license": args.license, "tags": args.tags}
     if args.datasets:
         card_data["datasets"] = args.datasets
-    drafter = load_drafter(args.drafter)
+    drafter = _load_drafter_to_push(args.drafter, args.target)
     options = dict(card_data=card_data, benchmark=args.benchmark, training=args.training, dtype=dtype)
     if args.output_dir:
         folder = save_drafter(drafter, args.output_dir, repo_id=args.repo_id, **options)
@@ -359,6 +370,31 @@ def main(argv: list[str] | None = None) -> int:
     commit = push_drafter(drafter, args.repo_id, private=args.private, token=args.token, **options)
     print(f"Pushed {args.drafter} to https://huggingface.co/{args.repo_id} ({getattr(commit, 'commit_url', commit)})")
     return 0
+
+
+def _load_drafter_to_push(drafter: str, target_name: str | None) -> PreTrainedModel:
+    """The drafter named by ``--drafter``, a compact one bound to ``--target``; bad input exits with one line."""
+    from .models import load_target
+
+    target = None
+    if target_name:
+        try:
+            target, _ = load_target(target_name)
+        except (OSError, ValueError) as error:
+            reason = (str(error).splitlines() or [type(error).__name__])[0]
+            raise SystemExit(
+                f"dspark-hf push: cannot load --target {target_name!r} ({reason}); pass the target's folder, Hub id "
+                "or embedded name."
+            ) from None
+    try:
+        return load_drafter(drafter, target=target)
+    except ValueError as error:
+        if target is None and "compact drafter" in str(error):
+            raise SystemExit(
+                f"dspark-hf push: {drafter} is a compact drafter (saved without embed_tokens / lm_head); pass "
+                "--target <the target's folder, Hub id or embedded name> to bind the target's."
+            ) from None
+        raise SystemExit(f"dspark-hf push: cannot load --drafter {drafter!r}: {error}") from None
 
 
 __all__ = [

@@ -59,7 +59,12 @@ def add_lora(
         target_modules=list(target_modules),
         modules_to_save=modules_to_save or None,
     )
-    return get_peft_model(drafter, config)
+    model = get_peft_model(drafter, config)
+    # PEFT records the base as the caller spelled it; a relative folder would only resolve from the same directory.
+    base = model.peft_config[model.active_adapter].base_model_name_or_path
+    if base and Path(base).is_dir():
+        model.peft_config[model.active_adapter].base_model_name_or_path = str(Path(base).resolve())
+    return model
 
 
 def load_lora_drafter(

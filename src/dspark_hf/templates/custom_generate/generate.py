@@ -52,13 +52,17 @@ _NEUTRAL_OPTIONS = {"num_beams": (1, None), "num_return_sequences": (1, None), "
 _LOADED: dict[tuple, DSparkStandaloneDrafter] = {}
 
 
-def generate(model, input_ids=None, attention_mask=None, generation_config=None, dspark_drafter=None,
+def generate(model, inputs=None, input_ids=None, attention_mask=None, generation_config=None, dspark_drafter=None,
              dspark_confidence_threshold=0.0, **kwargs):  # fmt: skip
     """Speculative decoding of `model` (the target) with this repository's DSpark drafter.
 
+    Receives what `model.generate` received: the prompt positionally (`inputs`) or as `input_ids=`, as a tokenizer's
+    `**inputs` pass it.
+
     Args:
         model: the target, a `transformers` causal LM the drafter was trained for.
-        input_ids (`torch.LongTensor` of shape `(1, seq)`): the prompt (no padding).
+        inputs / input_ids (`torch.LongTensor` of shape `(1, seq)`): the prompt (no padding); give one of them.
+        attention_mask (`torch.LongTensor` of shape `(1, seq)`, *optional*): all ones (no padding).
         generation_config / kwargs: as for `model.generate` (`max_new_tokens`, `do_sample`, `temperature`, ...).
         dspark_drafter (`str`, *optional*): folder or Hub id of the drafter; defaults to this repository.
         dspark_confidence_threshold (`float`, *optional*): per-slot confidence cut-off (0 = always full blocks).
@@ -66,7 +70,9 @@ def generate(model, input_ids=None, attention_mask=None, generation_config=None,
     Returns:
         `torch.LongTensor` of shape `(1, seq + new)`: prompt and generated tokens, like `model.generate`.
     """
-    input_ids = input_ids if input_ids is not None else kwargs.pop("inputs", None)
+    if inputs is not None and input_ids is not None:
+        raise ValueError("Both `inputs` and `input_ids` were passed; pass the prompt once.")
+    input_ids = inputs if inputs is not None else input_ids
     _check_prompt(input_ids, attention_mask)
     config = _generation_config(model, generation_config, kwargs)
     drafter = load_drafter(dspark_drafter or DRAFTER, model)
@@ -77,6 +83,11 @@ def _check_prompt(input_ids, attention_mask) -> None:
     if input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] != 1:
         shape = None if input_ids is None else tuple(input_ids.shape)
         raise ValueError(f"DSpark custom_generate decodes one prompt at a time: input_ids (1, seq), got {shape}.")
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise ValueError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but the prompt {tuple(input_ids.shape)}; pass the "
+            "tokenizer's input_ids and attention_mask together."
+        )
     if attention_mask is not None and not bool(attention_mask.all()):
         raise ValueError("The attention_mask has padding; pass the prompt without padding (batch size 1).")
 
