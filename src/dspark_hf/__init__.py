@@ -6,7 +6,7 @@
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
-from . import _transformers_compat
+from . import _transformers_compat, models
 from .configuration_dspark import DSparkConfig
 from .generation import (
     DSparkCandidateGenerator,

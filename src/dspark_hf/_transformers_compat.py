@@ -1,11 +1,15 @@
 """Everything dspark-hf touches in transformers' private generation API lives here.
 
-transformers has no public hook for a new kind of assistant, so we wrap two private methods:
+transformers has no public hook for a new kind of assistant, so we wrap a few private methods:
 
 - `GenerationMixin._get_candidate_generator`: when `assistant_model` is a DSpark drafter (possibly PEFT-wrapped),
   return a `DSparkCandidateGenerator`; otherwise defer to transformers.
 - `GenerationMixin._assisted_decoding`: for a DSpark assistant and batch > 1, run our batched engine instead of
   raising transformers' "batch_size = 1 only" error.
+- `GenerationMixin._validate_generation_mode`: checks a DSpark drafter against the target, and refuses beam search
+  and contradictory speculation settings, before transformers' own checks.
+- `GenerationConfig._get_default_generation_params`: tells which of transformers' speculation settings
+  (`num_assistant_tokens`, `assistant_confidence_threshold`) a call sets, which then pick the verification policy.
 - `AutoModel.from_pretrained` / `AutoModelForCausalLM.from_pretrained`: a checkpoint whose `architectures[0]` is a DSpark class (written with
   `model_type: "qwen3"` in the official layout) loads as `DSparkDrafter` instead of a plain Qwen3 model that would
   silently drop the DSpark tensors.
@@ -23,8 +27,10 @@ import transformers
 from packaging import version
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerationMixin
-from transformers import AutoModel, AutoModelForCausalLM
+from transformers import AutoModel, AutoModelForCausalLM, GenerationConfig
 from transformers.utils import logging
+
+from .generation.policies import policy_for_call
 
 
 logger = logging.get_logger(__name__)
@@ -65,6 +71,9 @@ def check_contract() -> list[str]:
     mode_params = list(inspect.signature(inspect.unwrap(GenerationMixin._validate_generation_mode)).parameters)
     if mode_params != ["self", "generation_mode", "generation_config", "generation_mode_kwargs"]:
         problems.append(f"GenerationMixin._validate_generation_mode's arguments changed: {mode_params}")
+    defaults = getattr(GenerationConfig, "_get_default_generation_params", lambda: {})()
+    if "num_assistant_tokens" not in defaults or "assistant_confidence_threshold" not in defaults:
+        problems.append("GenerationConfig._get_default_generation_params() no longer lists the assistant settings")
     if not hasattr(CandidateGenerator, "requires_model_outputs"):
         problems.append("CandidateGenerator.requires_model_outputs is gone")
     try:
@@ -72,6 +81,17 @@ def check_contract() -> list[str]:
     except ImportError:
         problems.append("output_hidden_states=[indices] (transformers.utils.output_capturing) is gone")
     return problems
+
+
+def changed_speculation_settings(generation_config) -> dict:
+    """transformers' own speculation settings that this call sets to other than transformers' defaults
+    (`num_assistant_tokens`, `num_assistant_tokens_schedule`, `assistant_confidence_threshold`): the generation
+    config that reaches generate's internals has the defaults filled in, so "set by the user" reads as "not the
+    default"."""
+    defaults = GenerationConfig._get_default_generation_params()
+    names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    return {name: getattr(generation_config, name, None) for name in names
+            if getattr(generation_config, name, None) not in (None, defaults.get(name))}
 
 
 def unwrap_drafter(assistant_model):
@@ -108,6 +128,7 @@ def _make_candidate_generator(original):
             logits_processor=logits_processor,
             input_ids=input_ids,
             model_kwargs=model_kwargs,
+            policy=policy_for_call(changed_speculation_settings(generation_config)),
         )
 
     return _get_candidate_generator
@@ -140,6 +161,7 @@ def _make_assisted_decoding(original):
             self, drafter, input_ids, model_kwargs.get("attention_mask"), generation_config.max_length,
             generation_config.do_sample, logits_processor, None if eos is None else eos.tolist(),
             generation_config._pad_token_tensor.item() if generation_config._pad_token_tensor is not None else None,
+            policy=policy_for_call(changed_speculation_settings(generation_config)),
         )
 
     return _assisted_decoding
@@ -154,6 +176,13 @@ def _make_validate_generation_mode(original):
         drafter = unwrap_drafter(generation_mode_kwargs.get("assistant_model"))
         if drafter is not None:
             drafter.check_target(self)
+            if (generation_config.num_beams or 1) > 1:
+                raise ValueError(
+                    f"num_beams={generation_config.num_beams} cannot use a DSpark assistant: speculative decoding "
+                    "verifies one sequence per prompt (greedy or sampling). Drop num_beams, or drop assistant_model "
+                    "for beam search."
+                )
+            policy_for_call(changed_speculation_settings(generation_config))  # refuses contradictory settings early
         return original(self, generation_mode, generation_config, generation_mode_kwargs)
 
     return _validate_generation_mode

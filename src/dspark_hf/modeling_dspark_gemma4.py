@@ -182,7 +182,8 @@ class DSparkGemma4Config(DSparkKeys, Gemma4TextConfig):
             output.pop("markov_head_type", None)
         if not self.enable_confidence_head:
             output.pop("confidence_head_with_markov", None)
-        for key in ("confidence_temperatures", "target_model_type", "target_text_model_type", "draft_vocab_size"):
+        for key in ("confidence_temperatures", "target_model_type", "target_text_model_type", "draft_vocab_size",
+                    "target_name_or_path"):
             if output.get(key) is None:
                 output.pop(key, None)
         return output

@@ -550,11 +550,17 @@ def generate_batch(
     logits_processor: LogitsProcessorList | None,
     eos_token_id: list[int] | None,
     pad_token_id: int | None,
+    policy: str | VerificationPolicy | None = None,
 ) -> torch.LongTensor:
     """`generate` semantics for a left-padded batch: returns `(batch, prompt + new)` ids, finished rows padded."""
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     mask = attention_mask.bool()
+    if input_ids.shape[1] == 0 or not bool(mask.any(dim=1).all()):
+        raise ValueError(
+            "A prompt of the batch is empty (0 unpadded tokens). DSpark drafts from the target's hidden states of the "
+            "prompt: give every row at least one token (e.g. the tokenizer's BOS token)."
+        )
     # Left padding means every row's mask is 0...0 1...1; anything else would silently shift positions.
     if bool((mask[:, 1:].long() - mask[:, :-1].long() < 0).any()):
         raise ValueError(
@@ -563,7 +569,7 @@ def generate_batch(
         )
     if pad_token_id is None:
         raise ValueError("Batched generation needs a pad token: pass pad_token_id=... (e.g. tokenizer.pad_token_id).")
-    engine = DSparkBatchEngine(target, drafter, do_sample=do_sample, logits_processor=logits_processor,
+    engine = DSparkBatchEngine(target, drafter, policy=policy, do_sample=do_sample, logits_processor=logits_processor,
                                eos_token_id=eos_token_id, pad_token_id=pad_token_id)
     max_new_tokens = max_length - input_ids.shape[1]
     requests = [engine.add_request(row[m], max_new_tokens) for row, m in zip(input_ids, mask)]

@@ -220,6 +220,11 @@ def _check_inputs(input_ids: torch.LongTensor, model_kwargs: dict[str, Any]) -> 
     """Refuses inputs that the batch-1 assisted loop would mishandle, with the reason and the fix."""
     if input_ids.shape[0] != 1:  # batches go to generation/batched.py before reaching here
         raise ValueError(f"DSparkCandidateGenerator drafts for one sequence, got a batch of {input_ids.shape[0]}.")
+    if input_ids.shape[1] == 0:
+        raise ValueError(
+            "The prompt is empty (0 tokens). DSpark drafts from the target's hidden states of the prompt: give it at "
+            "least one token (e.g. the tokenizer's BOS token, or a chat template)."
+        )
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is not None and not bool(attention_mask.all()):
         raise ValueError(

@@ -411,6 +411,32 @@ def check_policy_name(policy: str | VerificationPolicy | None) -> None:
     )
 
 
+def policy_for_call(settings: Mapping[str, object]) -> VerificationPolicy | None:
+    """The policy that transformers' own speculation settings of a `generate` call ask for, else `None`.
+
+    `num_assistant_tokens=n` verifies the first n drafts of every block ([`FixedLengthPolicy`]);
+    `assistant_confidence_threshold=t` stops at the first draft whose calibrated confidence is below t
+    ([`ThresholdPolicy`], the counterpart of transformers' threshold on the assistant's token probability). Either
+    overrides `drafter.verification_policy` for that call. A heuristic `num_assistant_tokens_schedule` tunes
+    transformers' own assistants and is refused, as is asking for both a length and a threshold.
+    """
+    schedule = settings.get("num_assistant_tokens_schedule")
+    if schedule is not None:
+        raise ValueError(
+            f"num_assistant_tokens_schedule={schedule!r} does not apply to a DSpark assistant, whose verification "
+            "lengths come from drafter.verification_policy (hardware-aware by default); drop it."
+        )
+    length, threshold = settings.get("num_assistant_tokens"), settings.get("assistant_confidence_threshold")
+    if length is not None and threshold is not None:
+        raise ValueError(
+            f"num_assistant_tokens={length} (a fixed length) and assistant_confidence_threshold={threshold} (a "
+            "confidence threshold) are two verification policies; pass one of them."
+        )
+    if length is not None:
+        return FixedLengthPolicy(length)
+    return ThresholdPolicy(float(threshold)) if threshold is not None else None
+
+
 def resolve_policy(drafter, target, policy: str | VerificationPolicy | None = None) -> VerificationPolicy:
     """The policy a generation with `drafter` on `target` uses: `policy`, else `drafter.verification_policy`.
 

@@ -1,0 +1,90 @@
+"""transformers' own generate settings with a DSpark assistant: honoured (a fixed length, a threshold) or refused."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import make_drafter
+from dspark_hf import ThresholdPolicy
+from dspark_hf.generation import batched
+
+PROMPT = torch.tensor([[5, 9, 14, 2, 7]])
+
+
+def _drafted_rounds(drafter):
+    return [r for r in drafter.generation_stats.rounds if r.drafted]
+
+
+def test_num_assistant_tokens_is_a_fixed_verification_length(target, drafter):
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=16)
+    out = target.generate(PROMPT, assistant_model=drafter, do_sample=False, max_new_tokens=16, num_assistant_tokens=1)
+    assert torch.equal(out, expected)
+    rounds = _drafted_rounds(drafter)
+    assert rounds and all(r.verified == 1 for r in rounds[:-1])  # the last round may be cut by max_new_tokens
+    target.generate(PROMPT, assistant_model=drafter, do_sample=False, max_new_tokens=16)
+    assert max(r.verified for r in _drafted_rounds(drafter)) == drafter.config.block_size  # per call, not sticky
+
+
+def test_assistant_confidence_threshold_is_a_confidence_threshold(target, drafter):
+    expected = target.generate(PROMPT, do_sample=False, max_new_tokens=16)
+    for threshold in (0.99, 0.45):
+        out = target.generate(PROMPT, assistant_model=drafter, do_sample=False, max_new_tokens=16,
+                              assistant_confidence_threshold=threshold)
+        assert torch.equal(out, expected)
+        policy = ThresholdPolicy(threshold)
+        rounds = _drafted_rounds(drafter)
+        assert rounds
+        for r in rounds[:-1]:
+            assert r.verified == policy.verification_length(r.confidences)
+    assert max(r.verified for r in rounds) > 0  # 0.45 lets some drafts through on this random drafter
+
+
+def test_batched_generation_honours_the_settings(target, drafter, monkeypatch):
+    seen = []
+    original = batched.DSparkBatchEngine.__init__
+    monkeypatch.setattr(batched.DSparkBatchEngine, "__init__",
+                        lambda self, *args, **kwargs: seen.append(kwargs.get("policy")) or original(self, *args, **kwargs))
+    prompts = torch.tensor([[0, 5, 9, 14], [3, 8, 1, 6]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    expected = target.generate(prompts, attention_mask=mask, do_sample=False, max_new_tokens=8, pad_token_id=0)
+    out = target.generate(prompts, attention_mask=mask, assistant_model=drafter, do_sample=False, max_new_tokens=8,
+                          pad_token_id=0, num_assistant_tokens=2)
+    assert torch.equal(out, expected)
+    assert [type(p).__name__ for p in seen] == ["FixedLengthPolicy"] and seen[0].length == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(num_assistant_tokens=2, assistant_confidence_threshold=0.9), "two verification policies; pass one"),
+        (dict(num_assistant_tokens_schedule="heuristic"), "does not apply to a DSpark assistant"),
+        (dict(num_beams=2), "num_beams=2 cannot use a DSpark assistant"),
+    ],
+)
+def test_settings_a_dspark_assistant_cannot_honour_are_refused(target, drafter, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4, **kwargs)
+
+
+def test_empty_prompts_are_refused(target, drafter):
+    with pytest.raises(ValueError, match="The prompt is empty"):
+        target.generate(torch.zeros(1, 0, dtype=torch.long), assistant_model=drafter, max_new_tokens=4)
+    with pytest.raises(ValueError, match="A prompt of the batch is empty"):
+        target.generate(torch.tensor([[0, 0], [4, 5]]), attention_mask=torch.tensor([[0, 0], [1, 1]]),
+                        assistant_model=drafter, max_new_tokens=4, pad_token_id=0)
+
+
+def test_threshold_needs_a_confidence_head(target):
+    drafter = make_drafter(target, enable_confidence_head=False)
+    with pytest.raises(ValueError, match="needs confidences"):
+        target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4, assistant_confidence_threshold=0.5)
+
+
+def test_models_module_is_reachable_after_import():
+    code = "import dspark_hf; print(dspark_hf.models.DEFAULT_TARGET)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "smollm2-135m-instruct", result.stderr
