@@ -25,7 +25,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from transformers import HfArgumentParser
 from transformers.utils import logging
 
 
@@ -337,7 +336,13 @@ class CalibrateArguments:
 
 
 def read_prompts(path: str | Path, first_line: int = 1, num_prompts: int | None = None) -> list[str]:
-    """First turns of a JSON-lines prompt file (``{"turns": ["...", ...]}`` per line), from 1-based `first_line`."""
+    """First user turns of a JSON-lines prompt file, from 1-based `first_line`. Records take the forms that
+    `dspark-hf prepare-data` reads (`turns`, `messages`/`conversations`, or a `prompt`/`question`/`instruction`/...
+    field; see `dspark_hf.training.data.record_to_prompt`)."""
+    from .training.data import record_to_prompt
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"--prompts {path}: no such file (JSON lines, one prompt record per line).")
     prompts = []
     with open(path) as f:
         for line_number, line in enumerate(f, start=1):
@@ -345,9 +350,10 @@ def read_prompts(path: str | Path, first_line: int = 1, num_prompts: int | None 
                 continue
             if num_prompts is not None and len(prompts) >= num_prompts:
                 break
-            turns = json.loads(line).get("turns")
-            if not turns or not isinstance(turns[0], str):
-                raise ValueError(f"{path}:{line_number} has no `turns` list of strings.")
+            try:
+                turns = record_to_prompt(json.loads(line))["turns"]
+            except (json.JSONDecodeError, ValueError) as error:
+                raise ValueError(f"{path}:{line_number}: {error}") from None
             prompts.append(turns[0])
     if not prompts:
         raise ValueError(f"No prompts in {path} from line {first_line}.")
@@ -488,12 +494,15 @@ def _summary(report: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = HfArgumentParser(CalibrateArguments)
-    parser.prog = "dspark-hf calibrate"
+    from .cli import dataclass_parser
+
+    parser = dataclass_parser(CalibrateArguments, "calibrate", description=__doc__.split("\n\n")[0])
     (args,) = parser.parse_args_into_dataclasses(args=argv if argv is not None else sys.argv[1:])
     from .modeling_dspark import DSparkDrafter
-    from .models import load_target
+    from .models import check_model_path, load_target
 
+    check_model_path(args.drafter)
+    read_prompts(args.prompts, args.first_line, args.num_prompts)  # bad files fail before the models load
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     target, tokenizer = load_target(args.target, device=device)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).to(device).eval()

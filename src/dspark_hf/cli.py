@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 COMMANDS = {
@@ -27,6 +28,10 @@ class ArgumentParser(argparse.ArgumentParser):
     """`argparse.ArgumentParser` with the project's option spelling: snake_case (`--max_new_tokens`), as
     `transformers.HfArgumentParser` writes it for the other commands, with kebab-case (`--max-new-tokens`) accepted."""
 
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # a misspelt option is an error, not a guess
+        super().__init__(*args, **kwargs)
+
     def parse_known_args(self, args=None, namespace=None):
         args = list(sys.argv[1:] if args is None else args)
         return super().parse_known_args([self._canonical(arg) for arg in args], namespace)
@@ -37,6 +42,24 @@ class ArgumentParser(argparse.ArgumentParser):
         option, equals, value = arg.partition("=")
         snake = "--" + option[2:].replace("-", "_")
         return snake + equals + value if snake in self._option_string_actions else arg
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default once: not when it is unset (None, False) or its help already states it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def dataclass_parser(dataclass_types, command: str, description: str | None = None):
+    """`transformers.HfArgumentParser` for a `dspark-hf COMMAND` (its usage line names the command)."""
+    from transformers import HfArgumentParser
+
+    return HfArgumentParser(dataclass_types, prog=f"dspark-hf {command}", description=description,
+                            formatter_class=HelpFormatter)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +77,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dspark-hf: unknown command {name!r}; run `dspark-hf --help` for the list.", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except (ValueError, OSError) as error:  # bad input: one line that says what and how to fix, no traceback
+        if os.environ.get("DSPARK_HF_TRACEBACK"):
+            raise
+        print(f"dspark-hf {name}: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from transformers import TextStreamer
 from .cli import ArgumentParser
 from .generation.policies import HardwareAwarePolicy, get_policy
 from .modeling_dspark import DSparkDrafter
-from .models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target
+from .models import check_model_path, DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target
 from .profiling import PROFILE_FILE_NAME
 
 
@@ -86,6 +86,8 @@ def _timed_generate(target, inputs, **kwargs) -> tuple[torch.Tensor, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
+    if args.drafter is not None:
+        check_model_path(args.drafter)
     torch.manual_seed(0)
     print(f"[demo] loading target {args.target} (the first run converts the packaged GGUF once)...")
     target, tokenizer = load_target(args.target)

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 from huggingface_hub import HfApi, ModelCard, ModelCardData
-from transformers import HfArgumentParser, PreTrainedConfig, PreTrainedModel
+from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
 from . import interop
@@ -355,7 +355,9 @@ class PushArguments:
 
 def main(argv: list[str] | None = None) -> int:
     """``dspark-hf push``: publish a drafter with its model card and custom_generate recipe."""
-    parser = HfArgumentParser(PushArguments, prog="dspark-hf push", description=main.__doc__)
+    from .cli import dataclass_parser
+
+    parser = dataclass_parser(PushArguments, "push", description=main.__doc__)
     (args,) = parser.parse_args_into_dataclasses(args=list(sys.argv[1:] if argv is None else argv))
     dtype = None if args.dtype.lower() == "none" else getattr(torch, args.dtype)
     card_data = {"base_model": args.base_model, "license": args.license, "tags": args.tags}

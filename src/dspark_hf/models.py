@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -80,6 +81,31 @@ def resolve_target_path(name_or_path: str) -> str:
                 return hub_id
             return str(embedded_target_path(name))
     return name_or_path
+
+
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def check_model_path(name_or_path: str, option: str = "--drafter") -> None:
+    """Refuses, in one line, a model argument that can be neither a local model folder nor a Hub repo id.
+
+    A path that does not exist is an error unless it reads as a repo id (``name`` or ``org/name``) while the Hub is
+    reachable; a folder must hold a `config.json`; a file is refused (pass its folder).
+    """
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{option} {name_or_path}: the folder has no config.json, so it is not a model "
+                                    "folder (a drafter is saved with save_pretrained or `dspark-hf train`).")
+        return
+    if path.exists():
+        raise NotADirectoryError(f"{option} {name_or_path}: is a file; pass the model's folder (with config.json).")
+    is_repo_id = bool(_REPO_ID.match(name_or_path)) and ".." not in name_or_path
+    if not is_repo_id:
+        raise FileNotFoundError(f"{option} {name_or_path}: no such folder.")
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "false", ""):
+        raise FileNotFoundError(f"{option} {name_or_path}: no such local folder, and the Hub is offline "
+                                "(HF_HUB_OFFLINE=1); pass a local folder.")
 
 
 def load_target(

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import DynamicCache, HfArgumentParser
+from transformers import DynamicCache
 from transformers.utils import logging
 
 
@@ -355,12 +355,16 @@ def _drafter_forward_kwargs(drafter_dir: str | None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = HfArgumentParser(ProfileArguments)
-    parser.prog = "dspark-hf profile"
+    from .cli import dataclass_parser
+
+    parser = dataclass_parser(ProfileArguments, "profile", description=__doc__.split("\n\n")[0])
     (args,) = parser.parse_args_into_dataclasses(args=argv if argv is not None else sys.argv[1:])
     from transformers import AutoModelForCausalLM
 
-    from .models import resolve_target_path
+    from .models import check_model_path, resolve_target_path
+
+    if args.drafter is not None:
+        check_model_path(args.drafter)
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype, None)

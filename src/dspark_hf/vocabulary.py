@@ -101,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from .modeling_dspark import DSparkDrafter
-    from .models import DEFAULT_TARGET, load_target
+    from .models import DEFAULT_TARGET, check_model_path, load_target
 
+    check_model_path(args.drafter)
     try:
         drafter = DSparkDrafter.from_pretrained(args.drafter, dtype="auto")
     except ValueError as error:

@@ -36,7 +36,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..cli import ArgumentParser
 from ..modeling_dspark import DSparkDrafter
-from ..models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target
+from ..models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
 from .methods import (
     BenchMethod,
     GenerationMeasurement,
@@ -384,8 +384,11 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     prompts = load_prompts(args.prompts, start=args.start, limit=args.limit)
-    target, tokenizer = load_target(args.target, dtype=dtype, device=args.device)
     drafter_spec = args.drafter if args.drafter is not None else default_drafter(args.target)
+    for option, spec in (("--drafter", drafter_spec), ("--dflash_drafter", args.dflash_drafter)):
+        if spec is not None and spec.lower() not in ("none", "untrained"):
+            check_model_path(spec, option)  # before the target loads
+    target, tokenizer = load_target(args.target, dtype=dtype, device=args.device)
     draft_dtype = drafter_dtype(args.drafter_dtype, args.device)
     sps = profile_path(args.sps, drafter_spec)
     methods, skipped = build_methods(

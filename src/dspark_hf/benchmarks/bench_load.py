@@ -24,7 +24,7 @@ from ..cli import ArgumentParser
 from ..generation.batched import DSparkBatchEngine
 from ..generation.policies import get_policy
 from ..modeling_dspark import DSparkDrafter
-from ..models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target
+from ..models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
 from .bench import machine_info, version_info
 from .prompts import load_prompts, render_conversation
 
@@ -185,8 +185,11 @@ def _plot(results: list[dict], path: Path) -> None:
 def main(argv=None) -> int:
     args = _parse_args(argv)
     torch.manual_seed(args.seed)
-    target, tokenizer = load_target(args.target)
     path = args.drafter or EMBEDDED_DRAFTERS.get(args.target)
+    if path is None:
+        raise ValueError(f"No drafter ships for --target {args.target}; pass --drafter DRAFTER_DIR.")
+    check_model_path(str(path))
+    target, tokenizer = load_target(args.target)
     drafter = DSparkDrafter.from_pretrained(path, target=target, dtype=drafter_dtype(args.drafter_dtype)).eval()
     prompts = [render_conversation(tokenizer, p.turns[:1], []) for p in load_prompts(args.prompts)]
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
