@@ -21,5 +21,8 @@ def test_demo_runs_offline_and_outputs_are_identical():
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.stdout.count("identical to target-only: True") == 3
-    assert "verification policy: hardware_aware" in result.stdout
+    assert "verification policy: hardware_aware (auto)" in result.stdout
     assert "| math | 16 |" in result.stdout and "| code | 16 |" in result.stdout
+    assert "Columns: new tokens = " in result.stdout  # every column explained
+    assert result.stdout.count("--- target-only ") == 3  # a verdict per prompt
+    assert "Per prompt: math: " in result.stdout and "Identical on 3 of 3 prompts" in result.stdout
