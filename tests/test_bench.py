@@ -126,7 +126,7 @@ def test_render_conversation_uses_chat_template():
     assert text == "<|user|> w1 w2 </s> <|assistant|> w4 w5 </s> <|user|> w3 </s> <|assistant|>"
     assert render_conversation(tokenizer, ["w1", "w3"], ["w4"], use_chat_template=False) == "w1\n\nw4\n\nw3"
     tokenizer.chat_template = None
-    with pytest.raises(ValueError, match="--no-chat-template"):
+    with pytest.raises(ValueError, match="--no_chat_template"):
         render_conversation(tokenizer, ["w1"], [])
 
 
