@@ -529,7 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         exit_with_error(parser, error)
     shard_index, num_shards = args.worker()
     worker = f" (worker {shard_index} of {num_shards})" if num_shards > 1 else ""
-    dropped = ", ".join(f"{count} {reason}" for reason, count in report.dropped.most_common())
+    by_count = sorted(report.dropped.items(), key=lambda item: (-item[1], item[0]))
+    dropped = ", ".join(f"{count} {reason}" for reason, count in by_count)
     print(f"{report.output_dir}{worker}: wrote {report.num_written} conversations, {report.num_response_tokens} "
           f"response tokens; dropped {sum(report.dropped.values())}{f' ({dropped})' if dropped else ''}.")
     if any(report.output_dir.glob("*.parquet")):
