@@ -1,5 +1,5 @@
-"""Training scale-out on this machine: `dspark-hf train` in two processes (DDP over gloo on CPU) under torchrun and
-accelerate launch; checkpoints and resumption.
+"""Scale-out on this machine: `dspark-hf train` in two processes (DDP over gloo on CPU) under torchrun and accelerate
+launch, its checkpoints and resumption; `dspark-hf prepare-data` split across two torchrun workers.
 
 The commands are docs/training.md's, run through `distributed_worker.py`, which calls the same `main` and records
 what each rank batched, saved and ended with.
@@ -21,7 +21,8 @@ from safetensors.torch import load_file
 
 import dspark_hf
 from dspark_hf.interop import config_problems
-from dspark_hf.training import train
+from dspark_hf.training import data, train
+from dspark_hf.training.data import load_training_dataset
 from test_training_helpers import char_tokenizer, learnable_target, self_generated_examples, single_thread
 
 
@@ -180,3 +181,20 @@ def test_accelerate_launch_run_interrupted_after_a_checkpoint_resumes_to_the_sam
     final, expected = load_file(output_dir / "model.safetensors"), load_file(uninterrupted_dir / "model.safetensors")
     # the checkpoint restores weights, optimizer, schedule and every rank's RNG: the same updates, bit for bit
     assert all(torch.equal(final[name], expected[name]) for name in expected)
+
+
+def test_prepare_data_under_torchrun_splits_the_prompts_across_workers(workspace, tmp_path):
+    """Each worker takes RANK / WORLD_SIZE from torchrun: disjoint parts whose union is the one-process output."""
+    source = tmp_path / "prompts.jsonl"
+    source.write_text("".join(json.dumps({"prompt": f"Prompt {i}" + "?" * i}) + "\n" for i in range(6)))
+    options = ["--prompts", str(source), "--target", str(workspace / "target"), "--device", "cpu",
+               "--max_new_tokens", "8", "--min_loss_tokens", "1", "--batch_size", "2"]
+    result = torchrun(tmp_path / "records", ["prepare-data", *options, "--output_dir", str(tmp_path / "two")])
+    assert succeeded(result)
+    with single_thread():
+        assert data.main([*options, "--output_dir", str(tmp_path / "one")]) == 0
+    written = {int(path.name.split("-")[1]): load_training_dataset(str(path))["prompt_index"]
+               for path in (tmp_path / "two").glob("worker-*-of-2.shard-*.parquet")}
+    assert written == {0: [0, 2, 4], 1: [1, 3, 5]}
+    one, two = (load_training_dataset(str(tmp_path / name)).sort("prompt_index") for name in ("one", "two"))
+    assert one.to_list() == two.to_list()
