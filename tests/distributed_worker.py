@@ -1,7 +1,7 @@
 """`dspark-hf train` (or `prepare-data`) as launched by torchrun / accelerate launch, recording per rank what the
 multi-process tests check (no tests here).
 
-    torchrun --nproc-per-node 2 tests/distributed_worker.py RECORD_DIR train --target ... --output_dir ...
+    torchrun --standalone --nproc_per_node 2 tests/distributed_worker.py RECORD_DIR train --target ... --output_dir ...
 
 runs the command's own `main` unchanged and writes to RECORD_DIR:
 

@@ -55,7 +55,7 @@ def run_launched(launcher: list[str], record_dir: Path, argv: list[str], **env: 
 
 
 def torchrun(record_dir: Path, argv: list[str], **env: str) -> subprocess.CompletedProcess:
-    return run_launched(["torch.distributed.run", "--standalone", "--nproc-per-node", "2"], record_dir, argv, **env)
+    return run_launched(["torch.distributed.run", "--standalone", "--nproc_per_node", "2"], record_dir, argv, **env)
 
 
 def accelerate_launch(record_dir: Path, argv: list[str], **env: str) -> subprocess.CompletedProcess:

@@ -19,7 +19,7 @@ Several workers can share the prompts (`--num_shards` / `--shard_index`, or torc
 Example (gsm8k training lines only, i.e. lines 501+):
 
     dspark-hf prepare-data --prompts gsm8k.jsonl --skip_lines 500 --output_dir data/gsm8k-smollm2 --max_new_tokens 256
-    torchrun --standalone --nproc-per-node 8 -m dspark_hf.cli prepare-data ...same options...  # one GPU per worker
+    torchrun --standalone --nproc_per_node 8 -m dspark_hf.cli prepare-data ...same options...  # one GPU per worker
 """
 
 from __future__ import annotations
