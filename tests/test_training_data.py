@@ -1,6 +1,7 @@
 """`prepare-data`: prompt sources, target-regenerated responses, loss masks, resumption, the CLI."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -134,6 +135,8 @@ def test_text_files_become_continue_prompts_and_short_answers_are_dropped(tmp_pa
     dropped = _args(tmp_path, [str(code)], output_dir=str(tmp_path / "none"), chunk_chars=100, min_loss_tokens=99)
     prepare_data(dropped, target, char_tokenizer())
     assert not list((tmp_path / "none").glob("*.parquet")) and list((tmp_path / "none").glob("*.done.json"))
+    with pytest.raises(ValueError, match="prepare-data folder without conversations"):
+        load_training_dataset(str(tmp_path / "none"))
 
 
 def test_tokenizer_without_chat_template_uses_the_raw_prompt(tmp_path, target):
@@ -187,6 +190,9 @@ def test_workers_write_disjoint_parts_whose_union_is_the_single_run(tmp_path, ta
                for i in load_training_dataset(str(path))["prompt_index"]]
     assert sorted(i for _, i in written) == list(range(7))  # each prompt once, none missed
     assert all(worker == i % 2 for worker, i in written)
+    # a shard that a killed worker of an earlier, 4-worker run wrote but did not finish is not read
+    stale = tmp_path / "two" / "worker-3-of-4.shard-00000.parquet"
+    shutil.copy(next((tmp_path / "two").glob("worker-*.parquet")), stale)
     one, two = (load_training_dataset(str(tmp_path / name)).sort("prompt_index") for name in ("one", "two"))
     assert one.to_list() == two.to_list()
 

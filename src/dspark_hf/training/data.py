@@ -406,8 +406,17 @@ def load_training_dataset(paths: str | list[str]) -> datasets.Dataset:
 
 
 def _load_prepared(path: Path) -> datasets.Dataset:
-    if path.is_dir() and any(path.glob("*.parquet")):
-        return datasets.Dataset.from_parquet([str(p) for p in sorted(path.glob("*.parquet"))])
+    shards = sorted(path.glob("*.parquet")) if path.is_dir() else []
+    if path.is_dir() and any(path.glob(f"*{DONE_SUFFIX}")):
+        # a prepare-data folder: only finished shards (a killed worker can leave an unfinished one)
+        shards = [shard for shard in shards if shard.with_name(shard.stem + DONE_SUFFIX).exists()]
+        if not shards:
+            raise ValueError(
+                f"{path} is a prepare-data folder without conversations: it dropped every one (rerun prepare-data "
+                "to see why, e.g. with a lower --min_loss_tokens or a higher --max_new_tokens)."
+            )
+    if shards:
+        return datasets.Dataset.from_parquet([str(shard) for shard in shards])
     if path.is_dir():
         try:
             dataset = datasets.load_from_disk(str(path))
