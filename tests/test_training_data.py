@@ -1,6 +1,7 @@
 """`prepare-data`: prompt sources, target-regenerated responses, loss masks, resumption, the CLI."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -134,6 +135,8 @@ def test_text_files_become_continue_prompts_and_short_answers_are_dropped(tmp_pa
     dropped = _args(tmp_path, [str(code)], output_dir=str(tmp_path / "none"), chunk_chars=100, min_loss_tokens=99)
     prepare_data(dropped, target, char_tokenizer())
     assert not list((tmp_path / "none").glob("*.parquet")) and list((tmp_path / "none").glob("*.done.json"))
+    with pytest.raises(ValueError, match="prepare-data folder without conversations"):
+        load_training_dataset(str(tmp_path / "none"))
 
 
 def test_tokenizer_without_chat_template_uses_the_raw_prompt(tmp_path, target):
@@ -153,3 +156,69 @@ def test_cli_main(tmp_path, target, capsys):
     assert "3 conversations" in capsys.readouterr().out
     with pytest.raises(ValueError, match="input_ids"):
         load_training_dataset(source)
+
+
+def test_dropped_conversations_are_counted_per_reason(tmp_path, target, monkeypatch, capsys):
+    tokenizer = char_tokenizer()
+    short = tokenizer.convert_tokens_to_ids("!")
+    monkeypatch.setattr(data, "generate_responses", lambda t, prompts, *a: [
+        [71, END_OF_TURN] if short in prompt else [71, 72, 73, END_OF_TURN] for prompt in prompts
+    ])
+    records = [{"turns": ["Hello"]}, {"turns": ["Hello!"]}, {"turns": []}, {"prompt": "x" * 120}]
+    source = _jsonl(tmp_path / "p.jsonl", records)
+    report = prepare_data(_args(tmp_path, [source], max_length=100, min_loss_tokens=3), target, tokenizer)
+    assert report.num_written == 1 and report.num_response_tokens == 4
+    assert report.dropped == {"no user turn": 1, "prompt of --max_length 100 tokens or more": 1,
+                              "fewer than --min_loss_tokens 3 response tokens": 1}
+
+    monkeypatch.setattr(data, "load_target", lambda *a, **k: (target, tokenizer))
+    argv = ["--prompts", source, "--output_dir", str(tmp_path / "cli"), "--max_length", "100",
+            "--min_loss_tokens", "3"]
+    assert data.main(argv) == 0
+    assert ("wrote 1 conversations, 4 response tokens; dropped 3 (1 fewer than --min_loss_tokens 3 response tokens, "
+            "1 no user turn, 1 prompt of --max_length 100 tokens or more)") in capsys.readouterr().out
+
+
+def test_workers_write_disjoint_parts_whose_union_is_the_single_run(tmp_path, target):
+    tokenizer = char_tokenizer()
+    source = _jsonl(tmp_path / "p.jsonl", [{"prompt": f"Prompt {i}" + "?" * i} for i in range(7)])
+    prepare_data(_args(tmp_path, [source], output_dir=str(tmp_path / "one")), target, tokenizer)
+    for index in (0, 1):
+        prepare_data(_args(tmp_path, [source], output_dir=str(tmp_path / "two"), num_shards=2, shard_index=index),
+                     target, tokenizer)
+    written = [(int(path.name.split("-")[1]), i) for path in (tmp_path / "two").glob("worker-*.parquet")
+               for i in load_training_dataset(str(path))["prompt_index"]]
+    assert sorted(i for _, i in written) == list(range(7))  # each prompt once, none missed
+    assert all(worker == i % 2 for worker, i in written)
+    # a shard that a killed worker of an earlier, 4-worker run wrote but did not finish is not read
+    stale = tmp_path / "two" / "worker-3-of-4.shard-00000.parquet"
+    shutil.copy(next((tmp_path / "two").glob("worker-*.parquet")), stale)
+    one, two = (load_training_dataset(str(tmp_path / name)).sort("prompt_index") for name in ("one", "two"))
+    assert one.to_list() == two.to_list()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompts", "/nonexistent.jsonl"], "No prompt source matches '/nonexistent.jsonl'; check --prompts"),
+    (["--prompts", "p.jsonl", "--num_shards", "2"], "give both"),
+    (["--prompts", "p.jsonl", "--num_shards", "2", "--shard_index", "2"], "--shard_index 2 is not in 0 .. 1"),
+])
+def test_cli_errors_are_one_line(tmp_path, monkeypatch, capsys, argv, message):
+    monkeypatch.chdir(tmp_path)
+    _jsonl(tmp_path / "p.jsonl", [{"prompt": "P"}])
+    with pytest.raises(SystemExit) as exit_info:
+        data.main(argv + ["--output_dir", str(tmp_path / "out")])
+    stderr = capsys.readouterr().err
+    error = stderr.splitlines()[-1]
+    assert exit_info.value.code == 2 and "Traceback" not in stderr, stderr
+    assert error.startswith("dspark-hf prepare-data: error: ") and message in error, stderr
+
+
+def test_training_data_paths_that_are_not_prepared_data_name_the_fix(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No training data at '/nonexistent'; make it with `dspark-hf prep"):
+        load_training_dataset("/nonexistent")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("hi")
+    with pytest.raises(ValueError, match="no parquet shards .* `dspark-hf prepare-data` output folder"):
+        load_training_dataset(str(tmp_path / "notes"))
+    with pytest.raises(ValueError, match="is not training data"):
+        load_training_dataset(str(tmp_path / "notes" / "readme.txt"))

@@ -133,3 +133,57 @@ def test_architecture_options_apply_to_new_drafters_and_must_agree_with_a_loaded
     assert train.build_drafter(dflash, target).config.markov_rank == 0  # no Markov head: its type does not apply
     with pytest.raises(ValueError, match=r"--num_hidden_layers 2 \(the drafter has 1\)"):
         train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "d"), num_hidden_layers=2), target)
+
+
+def _cli_error(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    stderr = capsys.readouterr().err
+    error = stderr.splitlines()[-1]  # after any loading progress bars
+    assert exit_info.value.code == 2 and "Traceback" not in stderr, stderr
+    assert error.startswith("dspark-hf train: error: "), stderr
+    return error
+
+
+def test_bad_training_data_paths_are_one_line_errors_naming_the_fix(tmp_path, capsys):
+    output = ["--output_dir", str(tmp_path / "run")]
+    error = _cli_error(["--train_data", "/nonexistent"] + output, capsys)
+    assert "No training data at '/nonexistent'; make it with `dspark-hf prepare-data --output_dir /nonexist" in error
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("not data")
+    error = _cli_error(["--train_data", str(tmp_path / "notes")] + output, capsys)
+    assert "holds no parquet shards" in error and "`dspark-hf prepare-data` output folder" in error
+
+
+def test_a_reduced_drafter_is_refused_in_one_line_naming_the_way_out(tmp_path, capsys):
+    target = _save_target(tmp_path)
+    drafter = DSparkDrafter.from_target(target, block_size=3, markov_rank=8)
+    drafter.reduce_vocabulary(torch.arange(40))
+    drafter.save_compact(tmp_path / "reduced")  # compact, as shipped: needs --target to load at all
+    argv = ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "reduced"), "--lora_r", "4",
+            "--train_data", _save_data(tmp_path, target), "--output_dir", str(tmp_path / "run")]
+    error = _cli_error(argv, capsys)
+    assert "reduced vocabulary (40 of 97 ids)" in error and "full-vocabulary drafter it was reduced from" in error
+    assert "drop --drafter" in error
+
+
+def test_a_compact_drafter_is_loaded_with_the_given_target(tmp_path):
+    target = learnable_target()
+    DSparkDrafter.from_target(target, block_size=3, markov_rank=8).save_compact(tmp_path / "compact")
+    drafter = train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "compact")), target)
+    torch.testing.assert_close(drafter.lm_head.weight, target.lm_head.weight)
+
+
+def test_help_lists_dspark_and_common_options_and_every_option_still_parses(capsys):
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    short = capsys.readouterr().out
+    assert short.startswith("usage: dspark-hf train") and "--help-all" in short
+    assert "--num_anchors" in short and "--learning_rate" in short and "--resume_from_checkpoint" in short
+    assert "--adam_beta2" not in short and "--dataloader_num_workers" not in short
+    with pytest.raises(SystemExit):
+        train.main(["--help-all"])
+    full = capsys.readouterr().out
+    assert "--adam_beta2" in full and "--num_anchors" in full and len(full) > 2 * len(short)
+    *_, training_args = train.parse_args(["--output_dir", "x", "--adam_beta2", "0.95", "--dataloader-num-workers", "1"])
+    assert training_args.adam_beta2 == 0.95 and training_args.dataloader_num_workers == 1

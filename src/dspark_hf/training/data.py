@@ -13,18 +13,23 @@ Each prompt runs through the tokenizer's chat template (when it has one) and the
 left-padded; greedy or sampled). Multi-turn records regenerate every answer in turn. The output folder receives parquet
 shards with `input_ids`, `loss_mask` (1 on the response tokens, including the end-of-turn token), `prompt_length`
 (tokens of the first prompt) and the regenerated `messages`; rerunning the command skips prompts already done.
+Several workers can share the prompts (`--num_shards` / `--shard_index`, or torchrun's `RANK` / `WORLD_SIZE`): worker
+`i` takes the prompts whose index is `i` modulo the number of workers and writes its own files into the same folder.
 
 Example (gsm8k training lines only, i.e. lines 501+):
 
     dspark-hf prepare-data --prompts gsm8k.jsonl --skip_lines 500 --output_dir data/gsm8k-smollm2 --max_new_tokens 256
+    torchrun --standalone --nproc_per_node 8 -m dspark_hf.cli prepare-data ...same options...  # one GPU per worker
 """
 
 from __future__ import annotations
 
+import argparse
 import glob
 import json
 import os
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +60,9 @@ class PrepareDataArguments:
     output_dir: str = field(metadata={"help": "Folder for the parquet shards (created; reruns resume)."})
     target: str = field(default=DEFAULT_TARGET, metadata={"help": "Target: Hub id, local folder or embedded name."})
     target_dtype: str = field(default="float32", metadata={"help": "Target dtype: float32, bfloat16 or float16."})
-    device: str | None = field(default=None, metadata={"help": "Device for the target (default: cuda if available)."})
+    device: str | None = field(
+        default=None, metadata={"help": "Device for the target (default: cuda:LOCAL_RANK if cuda is available)."}
+    )
     prompt_field: str | None = field(default=None, metadata={"help": "Record field with the prompt (default: auto)."})
     split: str = field(default="train", metadata={"help": "Split to read from a `datasets` DatasetDict folder."})
     skip_lines: int = field(default=0, metadata={"help": "Lines (rows) skipped at the start of every source file."})
@@ -79,6 +86,30 @@ class PrepareDataArguments:
     min_loss_tokens: int = field(default=14, metadata={"help": "Conversations with fewer response tokens are dropped."})
     shard_size: int = field(default=256, metadata={"help": "Prompts per parquet shard (the unit of resumption)."})
     seed: int = field(default=0, metadata={"help": "Random seed (sampling)."})
+    num_shards: int | None = field(
+        default=None, metadata={"help": "Workers sharing the prompts (default: $WORLD_SIZE under torchrun, else 1)."}
+    )
+    shard_index: int | None = field(
+        default=None, metadata={"help": "This worker, 0 .. num_shards - 1 (default: $RANK under torchrun, else 0)."}
+    )
+
+    def __post_init__(self):
+        if (self.num_shards is None) != (self.shard_index is None):
+            raise ValueError(
+                f"--num_shards {self.num_shards} and --shard_index {self.shard_index}: give both (or neither, to "
+                "take RANK / WORLD_SIZE from torchrun or accelerate launch)."
+            )
+        if self.num_shards is not None and not 0 <= self.shard_index < self.num_shards:
+            raise ValueError(
+                f"--shard_index {self.shard_index} is not in 0 .. {self.num_shards - 1} "
+                f"(--num_shards {self.num_shards}): workers count from 0."
+            )
+
+    def worker(self) -> tuple[int, int]:
+        """(shard_index, num_shards): the options, else the launcher's `RANK` / `WORLD_SIZE`, else (0, 1)."""
+        if self.num_shards is not None:
+            return self.shard_index, self.num_shards
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
 
 
 # --- reading prompts ------------------------------------------------------------------------------------------------
@@ -134,12 +165,13 @@ def text_chunks(text: str, chunk_chars: int) -> Iterator[str]:
         yield "".join(chunk)
 
 
-def _expand(sources: list[str]) -> list[Path]:
+def _expand(sources: list[str], missing: str = "No prompt source matches {source!r}; check --prompts.") -> list[Path]:
+    """The paths the sources (files, folders or globs) name; `missing` (formatted with `source`) when one names none."""
     paths = []
     for source in sources:
         matches = sorted(glob.glob(source, recursive=True)) if glob.has_magic(source) else [source]
         if not matches or not all(Path(m).exists() for m in matches):
-            raise FileNotFoundError(f"No prompt source matches {source!r}.")
+            raise FileNotFoundError(missing.format(source=source))
         paths.extend(Path(m) for m in matches)
     return paths
 
@@ -323,24 +355,28 @@ def regenerate(
 
 
 class ShardWriter:
-    """Writes `shard-NNNNN.parquet` files plus a `.done.json` list of the prompt indices each shard covers (kept or
-    dropped), which is what a rerun skips."""
+    """Writes `{prefix}NNNNN.parquet` files plus a `.done.json` list of the prompt indices each shard covers (kept or
+    dropped), which is what a rerun skips.
 
-    def __init__(self, output_dir: str | os.PathLike):
+    Workers sharing a folder write under their own prefix (`worker-I-of-N.shard-`); each skips the prompts every
+    worker has done, and cleans up only its own unfinished shard.
+    """
+
+    def __init__(self, output_dir: str | os.PathLike, prefix: str = "shard-"):
         self.output_dir = Path(output_dir)
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        self.prefix = prefix
         self.done: set[int] = set()
-        shards = sorted(self.output_dir.glob(f"shard-*{DONE_SUFFIX}"))
-        for done_file in shards:
+        for done_file in self.output_dir.glob(f"*{DONE_SUFFIX}"):
             self.done.update(json.loads(done_file.read_text()))
-        finished = {p.name[: -len(DONE_SUFFIX)] for p in shards}
-        for parquet in self.output_dir.glob("shard-*.parquet"):
+        finished = {p.name[: -len(DONE_SUFFIX)] for p in self.output_dir.glob(f"{prefix}[0-9]*{DONE_SUFFIX}")}
+        for parquet in self.output_dir.glob(f"{prefix}[0-9]*.parquet"):
             if parquet.stem not in finished:  # written but not recorded as done: regenerate those prompts
                 parquet.unlink()
-        self.next_shard = 1 + max([int(name.split("-")[1]) for name in finished] or [-1])
+        self.next_shard = 1 + max([int(name[len(prefix):]) for name in finished] or [-1])
 
     def write(self, records: list[dict[str, Any]], indices: list[int]) -> None:
-        name = f"shard-{self.next_shard:05d}"
+        name = f"{self.prefix}{self.next_shard:05d}"
         if records:
             tmp = self.output_dir / f"{name}.parquet.tmp"
             datasets.Dataset.from_list(records).to_parquet(str(tmp))
@@ -355,18 +391,10 @@ def load_training_dataset(paths: str | list[str]) -> datasets.Dataset:
 
     Every example needs `input_ids` and a matching `loss_mask`.
     """
+    missing_message = "No training data at {source!r}; make it with `dspark-hf prepare-data --output_dir {source}`."
     parts = []
-    for path in _expand([paths] if isinstance(paths, str) else list(paths)):
-        if path.is_dir() and any(path.glob("*.parquet")):
-            dataset = datasets.Dataset.from_parquet([str(p) for p in sorted(path.glob("*.parquet"))])
-        elif path.is_dir():
-            dataset = datasets.load_from_disk(str(path))
-            if isinstance(dataset, datasets.DatasetDict):
-                dataset = dataset["train"]
-        elif path.suffix == ".parquet":
-            dataset = datasets.Dataset.from_parquet(str(path))
-        else:
-            dataset = datasets.Dataset.from_json(str(path))
+    for path in _expand([paths] if isinstance(paths, str) else list(paths), missing_message):
+        dataset = _load_prepared(path)
         missing = {"input_ids", "loss_mask"} - set(dataset.column_names)
         if missing:
             raise ValueError(
@@ -377,20 +405,85 @@ def load_training_dataset(paths: str | list[str]) -> datasets.Dataset:
     return parts[0] if len(parts) == 1 else datasets.concatenate_datasets(parts)
 
 
+def _load_prepared(path: Path) -> datasets.Dataset:
+    shards = sorted(path.glob("*.parquet")) if path.is_dir() else []
+    if path.is_dir() and any(path.glob(f"*{DONE_SUFFIX}")):
+        # a prepare-data folder: only finished shards (a killed worker can leave an unfinished one)
+        shards = [shard for shard in shards if shard.with_name(shard.stem + DONE_SUFFIX).exists()]
+        if not shards:
+            raise ValueError(
+                f"{path} is a prepare-data folder without conversations: it dropped every one (rerun prepare-data "
+                "to see why, e.g. with a lower --min_loss_tokens or a higher --max_new_tokens)."
+            )
+    if shards:
+        return datasets.Dataset.from_parquet([str(shard) for shard in shards])
+    if path.is_dir():
+        try:
+            dataset = datasets.load_from_disk(str(path))
+        except FileNotFoundError:
+            raise ValueError(
+                f"{path} holds no parquet shards and is no `datasets` save_to_disk folder: point the option at a "
+                "`dspark-hf prepare-data` output folder (with prepare-data's `.parquet` shards)."
+            ) from None
+        return dataset["train"] if isinstance(dataset, datasets.DatasetDict) else dataset
+    if path.suffix == ".parquet":
+        return datasets.Dataset.from_parquet(str(path))
+    if path.suffix in (".json", ".jsonl"):
+        return datasets.Dataset.from_json(str(path))
+    raise ValueError(
+        f"{path} is not training data: expected a `dspark-hf prepare-data` folder, a `datasets` folder, or a "
+        ".parquet / .jsonl file with input_ids and loss_mask."
+    )
+
+
 # --- command line ---------------------------------------------------------------------------------------------------
 
 
-def prepare_data(args: PrepareDataArguments, target=None, tokenizer=None) -> Path:
-    """Runs the whole preparation (resumably); returns the output folder. `target`/`tokenizer` skip loading."""
-    writer = ShardWriter(args.output_dir)
+@dataclass
+class PrepareDataReport:
+    """What one `prepare_data` run did.
+
+    Args:
+        output_dir (`Path`): the output folder.
+        num_written (`int`): conversations this run wrote.
+        num_response_tokens (`int`): their response tokens.
+        dropped (`Counter`): conversations this run dropped, by reason.
+    """
+
+    output_dir: Path
+    num_written: int = 0
+    num_response_tokens: int = 0
+    dropped: Counter = field(default_factory=Counter)
+
+
+def drop_reason(conversation: Conversation, record: dict[str, Any], args: PrepareDataArguments) -> str | None:
+    """Why a regenerated conversation is not kept, or `None` to keep it."""
+    if not conversation.turns:
+        return "no user turn"
+    if conversation.num_turns_done == 0:
+        return f"prompt of --max_length {args.max_length} tokens or more"
+    if record["num_loss_tokens"] < args.min_loss_tokens:
+        return f"fewer than --min_loss_tokens {args.min_loss_tokens} response tokens"
+    return None
+
+
+def prepare_data(args: PrepareDataArguments, target=None, tokenizer=None) -> PrepareDataReport:
+    """Runs the whole preparation (resumably), or this worker's part of it (see `--num_shards`).
+    `target`/`tokenizer` skip loading."""
+    shard_index, num_shards = args.worker()
+    prefix = "shard-" if num_shards == 1 else f"worker-{shard_index}-of-{num_shards}.shard-"
+    writer = ShardWriter(args.output_dir, prefix)
+    report = PrepareDataReport(writer.output_dir)
     prompts = list(read_prompts(args))
     end = len(prompts) if args.limit is None else min(len(prompts), args.start + args.limit)
-    pending = [i for i in range(args.start, end) if i not in writer.done]
-    logger.info(f"{end - args.start} prompts selected, {len(pending)} still to generate.")
+    mine = [i for i in range(args.start, end) if i % num_shards == shard_index]
+    pending = [i for i in mine if i not in writer.done]
+    logger.info(f"{len(mine)} prompts selected, {len(pending)} still to generate.")
     if not pending:
-        return writer.output_dir
+        return report
     if target is None:
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        device = args.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
         target, tokenizer = load_target(args.target, dtype=getattr(torch, args.target_dtype), device=device)
     progress = tqdm(total=len(pending), desc="prepare-data", unit="prompt")
     for shard_start in range(0, len(pending), args.shard_size):
@@ -402,22 +495,57 @@ def prepare_data(args: PrepareDataArguments, target=None, tokenizer=None) -> Pat
         for batch_start in range(0, len(ordered), args.batch_size):
             batch = [Conversation(i, prompts[i], args.system_prompt) for i in ordered[batch_start:][: args.batch_size]]
             regenerate(batch, target, tokenizer, args)
-            records += [r for r in (c.to_record(args.max_length) for c in batch)
-                        if r["num_loss_tokens"] >= args.min_loss_tokens]
+            for conversation in batch:
+                record = conversation.to_record(args.max_length)
+                reason = drop_reason(conversation, record, args)
+                if reason is None:
+                    records.append(record)
+                else:
+                    report.dropped[reason] += 1
             progress.update(len(batch))
         writer.write(sorted(records, key=lambda r: r["prompt_index"]), indices)
+        report.num_written += len(records)
+        report.num_response_tokens += sum(record["num_loss_tokens"] for record in records)
     progress.close()
-    return writer.output_dir
+    if report.dropped:
+        logger.info(f"Dropped {sum(report.dropped.values())} conversations: {dict(report.dropped)}.")
+    return report
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: ...)" to an option's help unless the option is required or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.required or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def exit_with_error(parser: argparse.ArgumentParser, error: Exception) -> None:
+    """A one-line `<prog>: error: ...` on stderr and exit status 2, as argparse does for bad options."""
+    parser.exit(2, f"{parser.prog}: error: {error}\n")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = HfArgumentParser(PrepareDataArguments)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
-    output = prepare_data(args)
-    dataset = load_training_dataset(str(output)) if any(output.glob("*.parquet")) else None
-    count = 0 if dataset is None else len(dataset)
-    tokens = 0 if dataset is None else sum(dataset["num_loss_tokens"])
-    print(f"{output}: {count} conversations, {tokens} response tokens.")
+    parser = HfArgumentParser(
+        PrepareDataArguments, prog="dspark-hf prepare-data", formatter_class=HelpFormatter,
+        description="Regenerate training conversations: the target answers the prompts (see docs/training.md).",
+    )
+    try:
+        (args,) = parser.parse_args_into_dataclasses(args=argv)
+        report = prepare_data(args)
+    except (FileNotFoundError, ValueError) as error:
+        exit_with_error(parser, error)
+    shard_index, num_shards = args.worker()
+    worker = f" (worker {shard_index} of {num_shards})" if num_shards > 1 else ""
+    by_count = sorted(report.dropped.items(), key=lambda item: (-item[1], item[0]))
+    dropped = ", ".join(f"{count} {reason}" for reason, count in by_count)
+    print(f"{report.output_dir}{worker}: wrote {report.num_written} conversations, {report.num_response_tokens} "
+          f"response tokens; dropped {sum(report.dropped.values())}{f' ({dropped})' if dropped else ''}.")
+    if any(report.output_dir.glob("*.parquet")):
+        dataset = load_training_dataset(str(report.output_dir))
+        print(f"{report.output_dir} holds {len(dataset)} conversations, {sum(dataset['num_loss_tokens'])} response "
+              "tokens.")
     return 0
 
 

@@ -13,9 +13,10 @@ layout (LoRA runs save PEFT adapters; `--merge` adds a merged drafter in the off
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ from ..models import DEFAULT_TARGET, load_target
 from ..modeling_dspark import DSparkDrafter
 from .blocks import DSparkBlocks, eligible_anchors
 from .collator import DSparkDataCollator
-from .data import load_training_dataset
+from .data import HelpFormatter, exit_with_error, load_training_dataset
 from .features import FeatureCache, TargetSignalProvider
 from .lora import DEFAULT_LORA_MODULES_TO_SAVE, DEFAULT_LORA_TARGET_MODULES, add_lora, merge_lora
 from .losses import DEFAULT_LOSS_DECAY, slot_weights
@@ -42,6 +43,8 @@ logger = logging.get_logger(__name__)
 
 @dataclass
 class DSparkModelArguments:
+    _argument_group_name = "target and drafter"
+
     target: str = field(default=DEFAULT_TARGET, metadata={"help": "Target: Hub id, local folder or embedded name."})
     target_dtype: str = field(default="float32", metadata={"help": "Target dtype: float32, bfloat16 or float16."})
     drafter: str | None = field(
@@ -71,6 +74,8 @@ class DSparkModelArguments:
 
 @dataclass
 class DSparkDataArguments:
+    _argument_group_name = "data"
+
     train_data: list[str] = field(
         default_factory=list, metadata={"help": "Prepared data: `prepare-data` folders, datasets, parquet or jsonl."}
     )
@@ -92,6 +97,8 @@ class DSparkDataArguments:
 
 @dataclass
 class DSparkLoraArguments:
+    _argument_group_name = "LoRA fine-tuning"
+
     lora_r: int = field(default=0, metadata={"help": "LoRA rank; > 0 fine-tunes --drafter with LoRA adapters."})
     lora_alpha: int | None = field(default=None, metadata={"help": "LoRA alpha (default 2 * r)."})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
@@ -112,6 +119,8 @@ class DSparkLoraArguments:
 class DSparkTrainingArguments(TrainingArguments):
     """`TrainingArguments` with DeepSpec's defaults (AdamW 6e-4, cosine, 4% warmup, clip 1.0) and the loss weights."""
 
+    _argument_group_name = "training (transformers.TrainingArguments with DeepSpec's defaults, and the loss weights)"
+
     per_device_train_batch_size: int = field(default=1, metadata={"help": "Sequences per device and step."})
     per_device_eval_batch_size: int = field(default=1, metadata={"help": "Sequences per device at evaluation."})
     learning_rate: float = field(default=6e-4, metadata={"help": "Peak learning rate (DeepSpec: 6e-4)."})
@@ -123,6 +132,10 @@ class DSparkTrainingArguments(TrainingArguments):
     remove_unused_columns: bool = field(default=False, metadata={"help": "Keep False: the collator reads the columns."})
     ddp_find_unused_parameters: bool | None = field(
         default=False, metadata={"help": "Keep False: the heads run after the drafter's forward."}
+    )
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={"help": "A checkpoint-N folder to resume from (weights, optimizer, schedule, RNG, data position)."},
     )
     ce_weight: float = field(default=0.1, metadata={"help": "Weight of the cross-entropy term."})
     tv_weight: float = field(default=0.9, metadata={"help": "Weight of the total-variation (full L1) term."})
@@ -282,8 +295,14 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
     """
     given = {name: getattr(model_args, name) for name in NEW_DRAFTER_DEFAULTS if getattr(model_args, name) is not None}
     if model_args.drafter:
-        drafter = DSparkDrafter.from_pretrained(model_args.drafter, dtype=torch.float32)
+        drafter = DSparkDrafter.from_pretrained(model_args.drafter, target=target, dtype=torch.float32)
         config = drafter.config
+        if config.draft_vocab_size is not None:
+            raise ValueError(
+                f"--drafter {model_args.drafter} drafts over a reduced vocabulary ({config.draft_vocab_size} of "
+                f"{config.vocab_size} ids) and training needs the full one: pass the full-vocabulary drafter it was "
+                "reduced from, or drop --drafter to train a new one; reduce after training (`dspark-hf reduce-vocab`)."
+            )
         current = {name: getattr(config, name, None) for name in given}
         if config.markov_rank == 0 and "markov_head_type" in given:
             current["markov_head_type"] = given["markov_head_type"]  # no Markov head: its type does not apply
@@ -372,12 +391,12 @@ def build_trainer(
 ) -> DSparkTrainer:
     """Loads the target (unless given), builds or loads the drafter (LoRA-wrapped if asked), data and trainer."""
     set_seed(training_args.seed)
+    train_dataset, eval_dataset = prepare_datasets(data_args, training_args.seed)  # bad data fails before the target
     if target is None:
         target, tokenizer = load_target(model_args.target, dtype=getattr(torch, model_args.target_dtype))
     drafter = build_drafter(model_args, target)
     if data_args.num_anchors is not None:
         drafter.config.num_anchors = data_args.num_anchors
-    train_dataset, eval_dataset = prepare_datasets(data_args, training_args.seed)
     if eval_dataset is None and training_args.eval_strategy != IntervalStrategy.NO:
         logger.warning("No held-out data (--eval_data / --eval_split_size): evaluation is off.")
         training_args.eval_strategy = IntervalStrategy.NO
@@ -420,14 +439,61 @@ def save_final(trainer: DSparkTrainer, model_args: DSparkModelArguments, lora_ar
     return saved
 
 
+# The `TrainingArguments` options `--help` lists (besides DSpark's own); `--help-all` lists every one, and all parse.
+COMMON_TRAINING_OPTIONS = (
+    "output_dir", "num_train_epochs", "max_steps", "per_device_train_batch_size", "per_device_eval_batch_size",
+    "gradient_accumulation_steps", "learning_rate", "lr_scheduler_type", "warmup_steps", "weight_decay",
+    "max_grad_norm", "logging_steps", "eval_strategy", "eval_steps", "save_strategy", "save_steps",
+    "save_total_limit", "load_best_model_at_end", "metric_for_best_model", "greater_is_better", "seed",
+    "resume_from_checkpoint", "bf16", "use_cpu", "report_to", "run_name",
+)
+HELP_EPILOG = (
+    "Every other transformers.TrainingArguments option works too: --help-all lists them. Options are spelled in "
+    "snake_case; the kebab-case spelling of each is accepted as well. See docs/training.md."
+)
+
+
+class _FullHelp(argparse.Action):
+    """`--help-all`: the help with every `TrainingArguments` option."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        build_parser(full_help=True).print_help()
+        parser.exit()
+
+
+def build_parser(full_help: bool = False) -> HfArgumentParser:
+    """The `dspark-hf train` parser; its `--help` lists DSpark's options and the common `TrainingArguments` ones."""
+    parser = HfArgumentParser(
+        (DSparkModelArguments, DSparkDataArguments, DSparkLoraArguments, DSparkTrainingArguments),
+        prog="dspark-hf train",
+        usage="dspark-hf train --train_data DATA --output_dir DIR [options]",
+        description="Train a DSpark drafter for a target, or LoRA-fine-tune a trained one (see docs/training.md).",
+        epilog=HELP_EPILOG,
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--help-all", "--help_all", action=_FullHelp, help="show every option and exit")
+    if not full_help:
+        inherited = {f.name for f in fields(TrainingArguments)} - set(COMMON_TRAINING_OPTIONS)
+        for action in parser._actions:
+            if action.dest in inherited:
+                action.help = argparse.SUPPRESS
+    return parser
+
+
 def parse_args(argv: list[str] | None = None):
-    parser = HfArgumentParser((DSparkModelArguments, DSparkDataArguments, DSparkLoraArguments, DSparkTrainingArguments))
-    return parser.parse_args_into_dataclasses(args=argv)
+    return build_parser().parse_args_into_dataclasses(args=argv)
 
 
 def main(argv: list[str] | None = None) -> int:
-    model_args, data_args, lora_args, training_args = parse_args(argv)
-    trainer = build_trainer(model_args, data_args, lora_args, training_args)
+    parser = build_parser()
+    try:
+        model_args, data_args, lora_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+        trainer = build_trainer(model_args, data_args, lora_args, training_args)
+    except (FileNotFoundError, ValueError) as error:
+        exit_with_error(parser, error)
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     saved = save_final(trainer, model_args, lora_args)
     if trainer.is_world_process_zero():
