@@ -80,7 +80,8 @@ def test_one_spelling_with_the_other_accepted():
         _parse_args(["--max_new_token", "5"])  # a typo is still an error
 
 
-@pytest.mark.parametrize("command", ["demo", "bench", "bench-load", "bench-merge", "reduce-vocab", "profile",
+@pytest.mark.parametrize("command", ["demo", "bench", "bench-load", "bench-merge", "reduce-vocab", "profile", "train",
+                                     "prepare-data",
                                      "calibrate", "push"])
 def test_help_names_the_command_and_states_defaults_once(capsys, command):
     with pytest.raises(SystemExit) as exit_info:

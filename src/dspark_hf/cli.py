@@ -45,11 +45,12 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows an option's default once: not when it is unset (None, False) or its help already states it."""
+    """Shows an option's default once: not for a required option, an unset default (None, False), or a help text
+    that already states it."""
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in text:
+        if action.required or action.default in (None, False, argparse.SUPPRESS) or "default" in text:
             return text
         return super()._get_help_string(action)
 

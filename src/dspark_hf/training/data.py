@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from transformers import HfArgumentParser, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
+from ..cli import HelpFormatter
 from ..models import DEFAULT_TARGET, load_target
 
 
@@ -510,15 +511,6 @@ def prepare_data(args: PrepareDataArguments, target=None, tokenizer=None) -> Pre
     if report.dropped:
         logger.info(f"Dropped {sum(report.dropped.values())} conversations: {dict(report.dropped)}.")
     return report
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Adds "(default: ...)" to an option's help unless the option is required or its help already says it."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.required or "default" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
 
 
 def exit_with_error(parser: argparse.ArgumentParser, error: Exception) -> None:

@@ -31,7 +31,8 @@ from ..models import DEFAULT_TARGET, load_target
 from ..modeling_dspark import DSparkDrafter
 from .blocks import DSparkBlocks, eligible_anchors
 from .collator import DSparkDataCollator
-from .data import HelpFormatter, exit_with_error, load_training_dataset
+from ..cli import HelpFormatter
+from .data import exit_with_error, load_training_dataset
 from .features import FeatureCache, TargetSignalProvider
 from .lora import DEFAULT_LORA_MODULES_TO_SAVE, DEFAULT_LORA_TARGET_MODULES, add_lora, merge_lora
 from .losses import DEFAULT_LOSS_DECAY, slot_weights
