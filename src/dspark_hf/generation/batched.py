@@ -128,6 +128,10 @@ class DSparkBatchEngine:
     ```
     """
 
+    # Every time the engine reads (request arrival and finish, drafting and step durations the hardware-aware policy
+    # learns from). The trace-driven simulator (`dspark_hf.simulation`) replaces it with a simulated clock.
+    clock: Callable[[], float] = staticmethod(time.perf_counter)
+
     def __init__(
         self,
         target: PreTrainedModel,
@@ -173,7 +177,7 @@ class DSparkBatchEngine:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
         block = self.drafter.config.block_size if self.drafter is not None else 0
         request = DSparkRequest(self._next_id, prompt, max_new_tokens, stats=DSparkGenerationStats(block),
-                                arrival_time=time.perf_counter())
+                                arrival_time=self.clock())
         self._next_id += 1
         self.waiting.append(request)
         return request
@@ -313,10 +317,10 @@ class DSparkBatchEngine:
         if self.drafter is None or (width is not None and not self.policy.draft_this_round(width == 1)):
             lengths, draft = [0] * rows, None  # plain decoding: no drafter pass this round
         else:
-            start = time.perf_counter()
+            start = self.clock()
             draft = self._draft(budgets, width)
             if width is not None:
-                self.policy.record_draft_seconds(time.perf_counter() - start, rows)
+                self.policy.record_draft_seconds(self.clock() - start, rows)
             if width == 1:  # a probe: its drafts are paid for, so Algorithm 1 on their own confidences
                 width = self._probe_width(draft.confidences)
             lengths = self._verification_lengths(draft.confidences, budgets, width)
@@ -324,7 +328,7 @@ class DSparkBatchEngine:
                 for request, values in zip(self.active, draft.confidences):
                     request.last_confidences = values
         longest = max(lengths)
-        step_start = time.perf_counter()
+        step_start = self.clock()
         verify_ids = self.anchor[:, None].clone()
         if longest:
             verify_ids = torch.cat([verify_ids, draft.ids[:, :longest]], dim=1)
@@ -349,7 +353,7 @@ class DSparkBatchEngine:
                 request.stats.rounds.append(DSparkRoundStats([], 0, 0, drafted=False))
         self._advance(accepted, longest, features, positions)
         if isinstance(self.policy, HardwareAwarePolicy):
-            self.policy.record_step_seconds(time.perf_counter() - step_start, rows, longest + 1)
+            self.policy.record_step_seconds(self.clock() - step_start, rows, longest + 1)
         return self._commit_and_retire(committed)
 
     def _draft(self, budgets: list[int], width: int | None = None) -> _Draft:
@@ -501,7 +505,7 @@ class DSparkBatchEngine:
             request.output_ids += tokens
             self.anchor[row] = tokens[-1]
             if len(request.output_ids) >= request.max_new_tokens or tokens[-1] in self.eos_token_ids:
-                request.finished, request.finish_time = True, time.perf_counter()
+                request.finished, request.finish_time = True, self.clock()
                 done.append(request)
         self.finished += done  # their rows are freed at the next step (taken over by new requests, or removed)
         return done
