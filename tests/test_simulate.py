@@ -119,6 +119,8 @@ def test_engine_replay_takes_the_live_rounds(models, trace, spec):
     assert [r.output_ids for r in live.finished] == [r.output_ids for r in simulated.finished]
     rounds = lambda engine: [[(x.verified, x.accepted, x.drafted) for x in r.stats.rounds] for r in engine.finished]  # noqa: E731
     assert rounds(live) == rounds(simulated)
+    if spec == "fixed:2":  # the engine verifies K drafts per round for fixed:K (not the whole block)
+        assert {x[0] for r in rounds(live) for x in r} <= {0, 1, 2}
 
 
 def _hand_made_sequence() -> TraceSequence:

@@ -7,9 +7,11 @@ Two kinds of verification cost, both in seconds for a forward of `rows` requests
   multiplies every entry (a profile measured at another context length or load than the runs it predicts).
 - **knee** ([`KneeCost`]): the roofline shape of a GPU under serving load: a forward costs `forward_seconds` while
   memory-bound, up to `knee_tokens` tokens in the forward (``rows × width``), then grows linearly with the tokens
-  (compute-bound). On an H100-class GPU and a ~8B model in bf16, a decode step reads ~16 GB of weights at ~3 TB/s
-  (≈ 5-6 ms plus overheads) and the forward stays memory-bound up to ~ peak FLOPs / (2 · bandwidth) ≈ 150-300
-  tokens; those defaults are a labelled assumption, not a measurement.
+  (compute-bound), plus `row_seconds` per request (reading its KV cache). On an H100-class GPU and a ~8B model in
+  bf16, a decode step reads ~16 GB of weights at ~3.3 TB/s (≈ 5 ms, ~6 ms with overheads); at ~600 TFLOP/s
+  achieved, a token costs ~27 µs of compute (2 FLOPs per weight), so the forward turns compute-bound near 6 ms /
+  27 µs ≈ 220 tokens; a 1k-token context of grouped-query KV is ~128 MB per request (≈ 40 µs). Those are
+  back-of-envelope assumptions, not measurements.
 
 Drafting costs ``draft_seconds + draft_seconds_per_row · rows + draft_seconds_per_slot · slots`` per round (slots:
 block slots sampled left to right; the drafter's forward is the fixed part), prefill costs one decode forward plus
@@ -84,6 +86,7 @@ class KneeCost(CostModel):
 
     forward_seconds: float = 0.006
     knee_tokens: int = 256
+    row_seconds: float = 0.0
 
     def __post_init__(self):
         super().__post_init__()
@@ -92,7 +95,7 @@ class KneeCost(CostModel):
                              f"and {self.knee_tokens}.")
 
     def verify_seconds(self, rows: int, width: int) -> float:
-        return self.forward_seconds * max(1.0, rows * width / self.knee_tokens)
+        return self.forward_seconds * max(1.0, rows * width / self.knee_tokens) + self.row_seconds * rows
 
 
 @dataclass
