@@ -126,7 +126,7 @@ def test_engine_replay_takes_the_live_rounds(models, trace, spec):
 def _hand_made_sequence() -> TraceSequence:
     """10 output tokens; the drafter at every anchor proposes 3 drafts of which A(c) = 2 are right."""
     output = list(range(10, 20))
-    drafts = [[*output[c:c + 2], 99] for c in range(1, 10)]
+    drafts = [[*(output + [0])[c:c + 2], 99] for c in range(1, 10)]
     return TraceSequence("hand", "made", 0, [1, 2, 3], output, [], drafts, [[0.9, 0.9, 0.9]] * 9, [[2.0] * 3] * 9,
                          [2] * 9)
 
@@ -173,5 +173,10 @@ def test_simulate_command(tmp_path, capsys):
     assert simulate_main(argv) == 0
     document = json.loads((tmp_path / "out" / "simulate.json").read_text())
     assert document["simulation"] is True and len(document["load"]) == 12
+    open_loop = argv[:5] + ["2,4", "--arrivals", "poisson:20"] + argv[6:-1] + [str(tmp_path / "open")]
+    assert simulate_main(open_loop) == 0
+    rows = json.loads((tmp_path / "open" / "simulate.json").read_text())["load"]
+    assert {r["concurrency"] for r in rows} == {2, 4} and all(r["requests"] == 8 for r in rows)
+    assert all(r["latency_p50_s"] <= r["latency_p99_s"] for r in rows)
     assert simulate_main(argv[:3] + [str(tmp_path / "missing.json")] + argv[4:]) == 2
     assert "missing.json" in capsys.readouterr().err
