@@ -34,7 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..profiling import PROFILE_FORMAT
+from ..profiling import PROFILE_FORMAT, _profile_path
 
 
 COST_FORMAT = "dspark-hf-cost-model"
@@ -144,9 +144,7 @@ _DRAFT_KEYS = ("draft_seconds", "draft_seconds_per_row", "draft_seconds_per_slot
 
 def load_cost_model(path: str | Path, **overrides) -> CostModel:
     """A cost model from a cost file or a `dspark-hf profile` file (`overrides`: e.g. ``draft_seconds=0.007``)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / "dspark_sps_profile.json"
+    path = _profile_path(path)  # a folder means the profile `dspark-hf profile --drafter` saved in it
     if not path.is_file():
         raise FileNotFoundError(f"No cost model at {path}; pass a `dspark-hf profile` JSON or a cost file "
                                 "(see dspark_hf.simulation.cost).")

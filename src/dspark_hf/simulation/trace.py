@@ -219,6 +219,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--drafter_dtype", default="auto", choices=DRAFTER_DTYPES,
                         help="as in `bench` (default: %(default)s)")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (CPU; 1 beside other jobs)")
     parser.add_argument("--output", required=True, help="trace file to write (.json.gz)")
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
@@ -226,8 +227,11 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def trace_prompts(target, tokenizer, drafter, prompts, max_new_tokens: int, first_turn_only: bool = False):
+def trace_prompts(target, tokenizer, drafter, prompts, max_new_tokens: int, first_turn_only: bool = False,
+                  progress: bool = False):
     """Greedy conversations as `dspark-hf bench` runs them (each turn sees the earlier answers), traced per turn."""
+    from tqdm.auto import tqdm
+
     from ..benchmarks.methods import generation_kwargs
     from ..benchmarks.prompts import render_conversation
 
@@ -236,7 +240,7 @@ def trace_prompts(target, tokenizer, drafter, prompts, max_new_tokens: int, firs
     eos = target.generation_config.eos_token_id
     eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
     sequences = []
-    for prompt in prompts:
+    for prompt in tqdm(prompts, desc="trace", unit="prompt", disable=not progress):
         answers = []
         for turn in range(1 if first_turn_only else len(prompt.turns)):
             text = render_conversation(tokenizer, prompt.turns, answers)
@@ -257,12 +261,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts, start=args.start, limit=args.limit)
     target, tokenizer = load_target(args.target, dtype=getattr(torch, args.dtype))
     drafter_path = args.drafter or default_drafter(args.target)
     draft_dtype = drafter_dtype(args.drafter_dtype)
     drafter = DSparkDrafter.from_pretrained(drafter_path, target=target, dtype=draft_dtype).eval()
-    sequences, eos = trace_prompts(target, tokenizer, drafter, prompts, args.max_new_tokens, args.first_turn_only)
+    sequences, eos = trace_prompts(target, tokenizer, drafter, prompts, args.max_new_tokens, args.first_turn_only,
+                                   progress=True)
     metadata = {"command": shlex.join(["dspark-hf", "trace", *argv]), "versions": version_info(),
                 "target": args.target, "drafter": str(drafter_path), "dtype": args.dtype,
                 "drafter_dtype": str(draft_dtype).removeprefix("torch."),
