@@ -24,7 +24,8 @@ from dspark_hf.simulation.trace import Trace
 
 
 LEVELS = [1, 2, 4, 8, 16, 32, 64]
-POLICIES = ["target", "full", "fixed:1", "fixed:3", "threshold", "hardware_aware", "algorithm1"]
+POLICIES = ["target", "full", "fixed:1", "fixed:3", "threshold", "hardware_aware"]  # the engine plans every
+# hardware-aware policy by width (its `mode` only matters at batch 1), so algorithm1 is not a separate row here
 GPU_COST = KneeCost(
     forward_seconds=0.006, knee_tokens=224, row_seconds=0.00004, draft_seconds=0.001, draft_seconds_per_row=0.00001,
     draft_seconds_per_slot=0.0001, prefill_seconds_per_token=0.00003,
