@@ -180,3 +180,11 @@ def test_simulate_command(tmp_path, capsys):
     assert all(r["latency_p50_s"] <= r["latency_p99_s"] for r in rows)
     assert simulate_main(argv[:3] + [str(tmp_path / "missing.json")] + argv[4:]) == 2
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_probe_samples_while_its_width_reaches_past_the_slot():
+    """A probe's Algorithm-1 width may jump past the next slot (equal speeds, float noise): the slot is verified, so
+    it must be sampled (the engine used to stop there and verify drafts it had not sampled)."""
+    engine = SimulatedBatchEngine([], KneeCost(), 4, make_policy("hardware_aware", SPS))
+    engine._probe_width = lambda confidences: 5
+    assert engine._slot_verified(1, 1, [[0.9, 0.9]])
