@@ -27,7 +27,7 @@ from ..benchmarks.report import geometric_mean
 from ..generation.policies import HardwareAwarePolicy, ThresholdPolicy, VerificationPolicy, get_policy
 from .cost import CostModel, load_cost_model
 from .replay import SimulatedBatchEngine, replay_generation
-from .trace import Trace, TraceSequence
+from .trace import Trace
 
 
 TARGET_ONLY = "target"
