@@ -20,6 +20,8 @@ COMMANDS = {
     "bench": ("dspark_hf.benchmarks.bench", "side-by-side benchmark of speculative methods"),
     "bench-load": ("dspark_hf.benchmarks.bench_load", "throughput under concurrent load"),
     "bench-merge": ("dspark_hf.benchmarks.merge", "merge the results of one benchmark run in parts (--start/--limit)"),
+    "trace": ("dspark_hf.simulation.trace", "trace a drafter over the target's greedy outputs (for simulate)"),
+    "simulate": ("dspark_hf.simulation.simulate", "replay verification policies on a trace with a cost model"),
     "push": ("dspark_hf.hub", "push a drafter with its model card to the Hub"),
 }
 

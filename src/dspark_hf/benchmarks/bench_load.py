@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -63,16 +62,16 @@ def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: 
     mixes in a tail run at lower concurrency. The full-load figure is the throughput *at* concurrency c."""
     queue = iter(prompts * (num_requests // max(len(prompts), 1) + 1))
     requests, full_rows = [], min(concurrency, num_requests)
-    start = time.perf_counter()
+    start = engine.clock()
     while len(requests) < full_rows:
         requests.append(engine.add_request(next(queue), max_new_tokens))
     finished = []
     full_tokens, full_seconds, full_steps, steps = 0, 0.0, 0, 0
     while engine.active or engine.waiting:
         before = sum(len(r.output_ids) for r in requests)
-        step_start = time.perf_counter()
+        step_start = engine.clock()
         done = engine.step()
-        step_seconds = time.perf_counter() - step_start
+        step_seconds = engine.clock() - step_start
         steps += 1
         if len(engine.active) == full_rows:  # rows of this step's round (finished ones keep theirs until the next)
             full_tokens += sum(len(r.output_ids) for r in requests) - before
@@ -82,7 +81,7 @@ def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: 
         for _ in done:
             if len(requests) < num_requests:
                 requests.append(engine.add_request(next(queue), max_new_tokens))
-    elapsed = time.perf_counter() - start
+    elapsed = engine.clock() - start
     tokens = sum(len(r.output_ids) for r in finished)
     per_request = [len(r.output_ids) / (r.finish_time - r.arrival_time) for r in finished]
     rounds = [rnd for r in finished for rnd in (r.stats.rounds if r.stats else [])]

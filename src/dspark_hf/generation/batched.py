@@ -26,7 +26,7 @@ from ..modeling_dspark import DSparkDrafter
 from ..scheduling import drafted_step_throughput, expected_tokens_by_width, plan_is_settled
 from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
-from .policies import FullBlockPolicy, HardwareAwarePolicy, VerificationPolicy, resolve_policy
+from .policies import FixedLengthPolicy, FullBlockPolicy, HardwareAwarePolicy, VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
 
 
@@ -129,6 +129,10 @@ class DSparkBatchEngine:
     ```
     """
 
+    # Every time the engine reads (request arrival and finish, drafting and step durations the hardware-aware policy
+    # learns from). The trace-driven simulator (`dspark_hf.simulation`) replaces it with a simulated clock.
+    clock: Callable[[], float] = staticmethod(time.perf_counter)
+
     def __init__(
         self,
         target: PreTrainedModel,
@@ -173,7 +177,7 @@ class DSparkBatchEngine:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
         block = self.drafter.config.block_size if self.drafter is not None else 0
         request = DSparkRequest(self._next_id, prompt, max_new_tokens, stats=DSparkGenerationStats(block),
-                                arrival_time=time.perf_counter())
+                                arrival_time=self.clock())
         self._next_id += 1
         self.waiting.append(request)
         return request
@@ -313,10 +317,10 @@ class DSparkBatchEngine:
         if self.drafter is None or (width is not None and not self.policy.draft_this_round(width == 1)):
             lengths, draft = [0] * rows, None  # plain decoding: no drafter pass this round
         else:
-            start = time.perf_counter()
+            start = self.clock()
             draft = self._draft(budgets, width)
             if width is not None:
-                self.policy.record_draft_seconds(time.perf_counter() - start, rows)
+                self.policy.record_draft_seconds(self.clock() - start, rows)
             if width == 1:  # a probe: its drafts are paid for, so Algorithm 1 on their own confidences
                 width = self._probe_width(draft.confidences)
             lengths = self._verification_lengths(draft.confidences, budgets, width)
@@ -324,7 +328,7 @@ class DSparkBatchEngine:
                 for request, values in zip(self.active, draft.confidences):
                     request.last_confidences = values
         longest = max(lengths)
-        step_start = time.perf_counter()
+        step_start = self.clock()
         verify_ids = self.anchor[:, None].clone()
         if longest:
             verify_ids = torch.cat([verify_ids, draft.ids[:, :longest]], dim=1)
@@ -349,7 +353,7 @@ class DSparkBatchEngine:
                 request.stats.rounds.append(DSparkRoundStats([], 0, 0, drafted=False))
         self._advance(accepted, longest, features, positions)
         if isinstance(self.policy, HardwareAwarePolicy):
-            self.policy.record_step_seconds(time.perf_counter() - step_start, rows, longest + 1)
+            self.policy.record_step_seconds(self.clock() - step_start, rows, longest + 1)
         return self._commit_and_retire(committed)
 
     def _draft(self, budgets: list[int], width: int | None = None) -> _Draft:
@@ -407,8 +411,8 @@ class DSparkBatchEngine:
     def _slot_verified(self, slot: int, width: int, confidences: list[list[float]]) -> bool:
         """Whether `slot`'s drafts will be verified: below the planned width, or, in a probe (`width == 1`), while
         Algorithm 1 on this round's confidences still extends the width."""
-        if width == 1:
-            return self._probe_width(confidences) == slot + 2
+        if width == 1:  # `>=`: on a flat curve float noise can make the probe width jump past the next slot
+            return self._probe_width(confidences) >= slot + 2
         return slot < width - 1
 
     def _probe_width(self, confidences: list[list[float]]) -> int:
@@ -425,7 +429,9 @@ class DSparkBatchEngine:
                                        draft_seconds=self.policy.drafting_cost(rows))
 
     def _verification_lengths(self, confidences: list[list[float]], budgets: list[int], width: int | None) -> list[int]:
-        if isinstance(self.policy, FullBlockPolicy) or not self.policy.requires_confidence:
+        if isinstance(self.policy, FixedLengthPolicy):  # needs no confidences, but is not the whole block either
+            lengths = [self.policy.length] * len(budgets)
+        elif isinstance(self.policy, FullBlockPolicy) or not self.policy.requires_confidence:
             lengths = [self.drafter.config.block_size] * len(budgets)
         elif width is not None:  # hardware-aware: planned before drafting
             lengths = [width - 1] * len(budgets)
@@ -501,7 +507,7 @@ class DSparkBatchEngine:
             request.output_ids += tokens
             self.anchor[row] = tokens[-1]
             if len(request.output_ids) >= request.max_new_tokens or tokens[-1] in self.eos_token_ids:
-                request.finished, request.finish_time = True, time.perf_counter()
+                request.finished, request.finish_time = True, self.clock()
                 done.append(request)
         self.finished += done  # their rows are freed at the next step (taken over by new requests, or removed)
         return done

@@ -1,0 +1,95 @@
+"""The hardware-aware scheduler's knobs compared in simulation (no timing noise): one knob at a time from the defaults.
+
+Batch 1 on the `bench` trace with batch 1's fitted cost, and under load on the `bench-load` trace with each level's
+fitted cost (both from `benchmarks/results/sim-validation/validation.json`). A simulation: exact in rounds, as right
+in seconds as the fitted cost model.
+
+    python scripts/sweep_knobs.py --output_dir benchmarks/results/sim-knobs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from dspark_hf.generation.policies import HardwareAwarePolicy
+from dspark_hf.models import EMBEDDED_DRAFTERS
+from dspark_hf.simulation.cost import ProfileCost
+from dspark_hf.simulation.replay import SimulatedBatchEngine
+from dspark_hf.simulation.simulate import make_policy, simulate_batch1, simulate_closed_loop, summarize_batch1
+from dspark_hf.simulation.trace import Trace
+
+
+VALIDATION = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "sim-validation"
+VARIANTS = {"defaults": {}, "plan_smoothing=0": {"plan_smoothing": 0.0},
+            "plan_smoothing=0.25": {"plan_smoothing": 0.25}, "plan_smoothing=0.75": {"plan_smoothing": 0.75},
+            "outcome_decay=None": {"outcome_decay": None}, "outcome_decay=0.9": {"outcome_decay": 0.9},
+            "outcome_decay=0.99": {"outcome_decay": 0.99}, "max_idle_rounds=16": {"max_idle_rounds": 16},
+            "max_idle_rounds=256": {"max_idle_rounds": 256}}
+REFERENCES = ["target", "fixed:1", "fixed:2", "threshold"]
+
+
+def _policy(name: str, tables: dict):
+    if name in VARIANTS:
+        return HardwareAwarePolicy(tables[1], **VARIANTS[name])
+    return make_policy(name, tables[1])
+
+
+def batch1_rows(trace: Trace, tables: dict, fit: dict) -> list[dict]:
+    cost = ProfileCost(tables=tables, **fit)
+    records = {name: simulate_batch1(trace, _policy(name, tables), cost, trace.max_new_tokens)
+               for name in [*REFERENCES, *VARIANTS]}
+    return [row for row in summarize_batch1(records)]
+
+
+def load_rows(trace: Trace, tables: dict, fits: dict, levels: list[int]) -> list[dict]:
+    rows = []
+    for level in levels:
+        cost = ProfileCost(tables=tables, **fits[level])
+        for name in [*REFERENCES, *VARIANTS]:
+            policy = _policy(name, tables)
+            make_engine = lambda p=policy: SimulatedBatchEngine(  # noqa: E731
+                trace.sequences, cost, trace.block_size, p, trace.eos_token_ids, steps_per_second_by_rows=tables)
+            row = simulate_closed_loop(trace, make_engine, [level], 48, repeats=3)[0]
+            rows.append({"method": name, **row})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", default="1,2,4,8,16,32")
+    parser.add_argument("--output_dir", required=True)
+    args = parser.parse_args()
+    profile = next(iter(EMBEDDED_DRAFTERS.values())) / "dspark_sps_profile.json"
+    tables = {int(r): {int(w): float(v) for w, v in t.items()}
+              for r, t in json.loads(profile.read_text())["by_batch_size"].items()}
+    validation = json.loads((VALIDATION / "validation.json").read_text())
+    fits = {row["concurrency"]: row["fit"] for row in validation["load"]}
+    levels = [int(level) for level in args.levels.split(",")]
+    batch1 = batch1_rows(Trace.load(VALIDATION / "bench.trace.json.gz"), tables, validation["batch1"]["fit"])
+    load = load_rows(Trace.load(VALIDATION / "load.trace.json.gz"), tables, fits, levels)
+    lines = ["# Hardware-aware knobs, simulated (fitted CPU cost of this machine; not a measurement)", "",
+             "## Batch 1 (`bench` trace, 18 prompts, 128 tokens)", "",
+             "| variant | all tok/s | speed-up | gsm8k | humaneval | mt-bench | tau |", "|---|---:|---:|---:|---:|---:|---:|"]
+    by = {(r["method"], r["category"]): r for r in batch1}
+    for name in [*REFERENCES, *VARIANTS]:
+        cells = [f"{by[(name, c)]['speedup']:.3f}x" for c in ("gsm8k", "humaneval", "mt-bench")]
+        lines.append(f"| {name} | {by[(name, 'all')]['tokens_per_second']:.2f} | {by[(name, 'all')]['speedup']:.3f}x | "
+                     + " | ".join(cells) + f" | {by[(name, 'all')]['tau']:.3f} |")
+    lines += ["", "## Under load (`bench-load` trace, full-load tok/s vs target-only)", "",
+              "| variant | " + " | ".join(map(str, levels)) + " |", "|---|" + "---:|" * len(levels)]
+    target = {r["concurrency"]: r["full_load_throughput_tok_s"] for r in load if r["method"] == "target"}
+    for name in [*REFERENCES, *VARIANTS]:
+        values = {r["concurrency"]: r["full_load_throughput_tok_s"] / target[r["concurrency"]]
+                  for r in load if r["method"] == name}
+        lines.append(f"| {name} | " + " | ".join(f"{values[level]:.3f}x" for level in levels) + " |")
+    output = Path(args.output_dir)
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "knobs.json").write_text(json.dumps({"simulation": True, "batch1": batch1, "load": load}, indent=1))
+    (output / "knobs.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,233 @@
+"""Replaying verification policies on a trace: batch 1 through the assisted loop's protocol, many requests through
+the batched engine's own scheduling code, with every second taken from a cost model.
+
+- [`replay_generation`] drives a policy exactly as `DSparkCandidateGenerator` and transformers' assisted loop do
+  (`reset`, `should_draft`, `should_verify` slot by slot, `observation_complete` / `observe`,
+  `record_draft_seconds`, `record_outcome`), with the trace's confidences and acceptance lengths in place of the
+  models. For a greedy target the rounds are exactly the live ones (`tests/test_simulate.py`).
+- [`SimulatedBatchEngine`] is a `DSparkBatchEngine` whose model calls are replaced: admission, drafting, the target
+  forward and verification read the trace and advance a simulated clock by the cost model. Everything that decides
+  (width planning, probes, backoff, online corrections from measured step and drafting times, admission into
+  finished rows, retirement at EOS and budget) is the engine's and the policy's own code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+import torch
+
+from ..generation.batched import DSparkBatchEngine, DSparkRequest, _Draft
+from ..generation.policies import VerificationPolicy, get_policy
+from .cost import CostModel
+from .trace import TraceSequence
+
+
+@dataclass
+class SimulatedRound:
+    """One batch-1 round: drafts verified and accepted, slots sampled, whether the drafter ran, seconds spent."""
+
+    verified: int
+    accepted: int
+    slots: int
+    drafted: bool
+    seconds: float
+
+
+@dataclass
+class SimulatedGeneration:
+    """One replayed `generate` call."""
+
+    new_tokens: int
+    seconds: float
+    rounds: list[SimulatedRound] = field(default_factory=list)
+
+    @property
+    def tau(self) -> float:
+        """Committed tokens per round (as `bench` reports DSpark's tau: the prefill is not a round)."""
+        return (sum(r.accepted for r in self.rounds) + len(self.rounds)) / len(self.rounds) if self.rounds else 1.0
+
+
+def _observe_and_choose(
+    policy: VerificationPolicy, confidences: Sequence[float], max_drafts: int, block_size: int
+) -> tuple[list[float], int, int]:
+    """The candidate generator's slot loop on known confidences: returns the confidences it computed, the drafts it
+    verifies and the slots it sampled (`DSparkCandidateGenerator._sample_drafts`)."""
+    num_slots = block_size if policy.observes_rounds else max_drafts
+    seen, verified, slots = [], 0, 0
+    drafting = max_drafts > 0
+    for slot in range(num_slots):
+        if confidences:
+            seen.append(confidences[slot])
+        drafting = drafting and slot < max_drafts and policy.should_verify(slot + 1, seen)
+        if not drafting and (not policy.observes_rounds or policy.observation_complete(seen, block_size)):
+            break
+        slots += 1
+        verified += drafting
+    if policy.observes_rounds and policy.observation_complete(seen, block_size):
+        policy.observe(seen)
+    return seen, verified, slots
+
+
+def replay_generation(
+    sequence: TraceSequence, policy: VerificationPolicy | None, cost: CostModel, block_size: int,
+    max_new_tokens: int, eos_token_ids: Sequence[int] = (),
+) -> SimulatedGeneration:
+    """One batch-1 `generate` call on `sequence` (`policy=None`: target-only decoding) with at most `max_new_tokens`.
+
+    The committed output is the trace's, cut at `max_new_tokens`; each round accepts ``min(verified, A(c))`` drafts,
+    cut again at an EOS and at the budget, as transformers' assisted loop cuts them.
+    """
+    output = _committed_output(sequence, max_new_tokens, eos_token_ids)
+    seconds = cost.prefill_seconds(1, len(sequence.prompt_ids))
+    run = SimulatedGeneration(new_tokens=len(output), seconds=seconds)
+    if policy is None:
+        run.seconds += (len(output) - 1) * cost.verify_seconds(1, 1)
+        return run
+    policy.reset()
+    committed = 1  # the prefill commits the first token; rounds start after it
+    while committed < len(output):
+        if not policy.should_draft():
+            step = cost.verify_seconds(1, 1)
+            run.rounds.append(SimulatedRound(0, 0, 0, False, step))
+            committed += 1
+            continue
+        max_drafts = min(block_size, max_new_tokens - committed - 1)
+        seen, verified, slots = _observe_and_choose(policy, sequence.confidences[committed - 1], max_drafts,
+                                                    block_size)
+        draft = cost.drafting_seconds(1, slots)
+        policy.record_draft_seconds(draft)
+        accepted = min(sequence.accepted(committed, verified), len(output) - committed - 1)
+        policy.record_outcome(seen, verified, accepted)
+        run.rounds.append(SimulatedRound(verified, accepted, slots, True, draft + cost.verify_seconds(1, 1 + verified)))
+        committed += accepted + 1
+    run.seconds += sum(r.seconds for r in run.rounds)
+    return run
+
+
+def _committed_output(sequence: TraceSequence, max_new_tokens: int, eos_token_ids: Sequence[int]) -> list[int]:
+    """The trace's output cut at `max_new_tokens` and the first EOS; refuses a budget the trace does not cover."""
+    output, eos = sequence.output_ids, set(eos_token_ids)
+    if len(output) < max_new_tokens and not (output and output[-1] in eos):
+        raise ValueError(f"The trace of {sequence.prompt_id} (turn {sequence.turn}) stops after {len(output)} tokens "
+                         f"without an EOS, short of max_new_tokens={max_new_tokens}; trace with a larger "
+                         "--max_new_tokens or simulate a smaller one.")
+    output = output[:max_new_tokens]
+    return output[: next((i + 1 for i, token in enumerate(output) if token in eos), len(output))]
+
+
+class SimulatedClock:
+    """Seconds since the simulation started; advanced only by simulated work."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class SimulatedBatchEngine(DSparkBatchEngine):
+    """A [`DSparkBatchEngine`] on a trace: requests are added by prompt ids (a trace sequence's `prompt_ids`), and
+    every model call is replaced by the trace and the cost model's seconds.
+
+    Args:
+        sequences (`Sequence[TraceSequence]`): the generations requests may ask for (looked up by prompt ids).
+        cost ([`CostModel`]): seconds of prefill, drafting and verification forwards.
+        block_size (`int`): the drafter's block size.
+        policy (`str` or [`VerificationPolicy`], *optional*): `None` simulates target-only batched decoding.
+        eos_token_ids (`Sequence[int]`), steps_per_second_by_rows: as for the engine.
+    """
+
+    def __init__(self, sequences: Sequence[TraceSequence], cost: CostModel, block_size: int,
+                 policy: str | VerificationPolicy | None = None, eos_token_ids: Sequence[int] = (),
+                 steps_per_second_by_rows=None):
+        self.clock = SimulatedClock()
+        self.cost = cost
+        self.by_prompt = {tuple(s.prompt_ids): s for s in sequences}
+        self.steps_per_second_by_rows = steps_per_second_by_rows
+        self.target, self.drafter, self.policy = None, None, None
+        if policy is not None:
+            self.drafter = SimpleNamespace(config=SimpleNamespace(block_size=block_size))  # what scheduling reads
+            self.policy = get_policy(policy)
+            self.policy.reset()
+        self.do_sample, self.logits_processor = False, []
+        self.eos_token_ids, self.pad_token_id = set(int(e) for e in eos_token_ids), 0
+        self.device = torch.device("cpu")
+        self.waiting, self.active, self.finished = [], [], []
+        self._next_id = 0
+        self._sequence_of: dict[int, TraceSequence] = {}
+        self._reset_batch_state()
+
+    def add_request(self, prompt_ids, max_new_tokens: int) -> DSparkRequest:
+        key = tuple(int(t) for t in prompt_ids)
+        if key not in self.by_prompt:
+            raise ValueError("No trace sequence has this prompt; trace the prompts first (`dspark-hf trace`).")
+        request = super().add_request(list(key), max_new_tokens)
+        _committed_output(self.by_prompt[key], max_new_tokens, self.eos_token_ids)  # refuses uncovered budgets
+        self._sequence_of[request.request_id] = self.by_prompt[key]
+        return request
+
+    # --- the model calls, replaced ------------------------------------------------------------------------------
+
+    def _admit(self) -> list[DSparkRequest]:
+        new, self.waiting = self.waiting, []
+        self.clock.advance(self.cost.prefill_seconds(len(new), max(len(r.prompt_ids) for r in new)))
+        free = [row for row, request in enumerate(self.active) if request.finished][: len(new)]
+        for row, request in zip(free, new):  # take over finished rows in place, as the engine does
+            self.active[row] = request
+            self.next_position[row] = len(request.prompt_ids)
+        rest = new[len(free):]
+        if rest:
+            self.active += rest
+            self.next_position = torch.cat([self.next_position, torch.tensor([len(r.prompt_ids) for r in rest])])
+            self.anchor = torch.cat([self.anchor, torch.zeros(len(rest), dtype=torch.long)])
+            self.slot_mask = torch.zeros(len(self.active), 0, dtype=torch.bool)
+        new_rows = free + list(range(len(self.active) - len(rest), len(self.active)))
+        firsts = [self._sequence_of[r.request_id].output_ids[:1] for r in new]
+        return self._commit_and_retire(dict(zip(new_rows, firsts)))
+
+    def _select_rows(self, keep_rows: list[int]) -> None:
+        self.active = [self.active[i] for i in keep_rows]
+        if not self.active:
+            self._reset_batch_state()
+            return
+        index = torch.tensor(keep_rows)
+        self.next_position, self.anchor = self.next_position[index], self.anchor[index]
+        self.slot_mask = torch.zeros(len(self.active), 0, dtype=torch.bool)
+
+    def _draft(self, budgets: list[int], width: int | None = None) -> _Draft:
+        """The engine's slot loop (`DSparkBatchEngine._draft`) on the trace: same stopping rule, same observation."""
+        block, rows = self.drafter.config.block_size, len(self.active)
+        at_anchor = [self._sequence_of[r.request_id] for r in self.active]
+        committed = [len(r.output_ids) for r in self.active]
+        confidences, observed, slots = [[] for _ in range(rows)], False, 0
+        for slot in range(max(0, min(block, max(budgets)))):
+            for row, (sequence, c) in enumerate(zip(at_anchor, committed)):
+                if sequence.confidences[c - 1]:
+                    confidences[row].append(sequence.confidences[c - 1][slot])
+            if width is not None:
+                observed = self._plan_settled(confidences)
+                if observed and not self._slot_verified(slot, width, confidences):
+                    break
+            slots += 1
+        observed = observed or all(len(values) == block for values in confidences)
+        self.clock.advance(self.cost.drafting_seconds(rows, slots))
+        ids = torch.tensor([s.draft_ids[c - 1][:slots] for s, c in zip(at_anchor, committed)], dtype=torch.long)
+        return _Draft(ids.view(rows, slots), torch.zeros(rows, slots, 0), confidences, observed)
+
+    def _target_forward(self, input_ids, attention_mask, position_ids, cache):
+        self.clock.advance(self.cost.verify_seconds(*input_ids.shape))
+        return None, None
+
+    def _verify_row(self, request, row, length, verify_ids, logits, draft) -> tuple[list[int], int]:
+        sequence, committed = self._sequence_of[request.request_id], len(request.output_ids)
+        accepted = sequence.accepted(committed, length) if length else 0
+        return sequence.tokens_after(committed, accepted + 1), accepted
+
+    def _advance(self, accepted: list[int], longest: int, features, positions) -> None:
+        self.next_position = self.next_position + 1 + torch.tensor(accepted)

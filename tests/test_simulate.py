@@ -1,0 +1,190 @@
+"""`dspark-hf trace` and `dspark-hf simulate`: teacher-forced traces equal what the live generator computes, replayed
+policies take exactly the live rounds (batch 1 and batched engine), and simulated seconds follow the cost model."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+import torch
+
+from conftest import make_drafter, make_target
+from dspark_hf.benchmarks.bench_load import run_level
+from dspark_hf.generation import candidate_generator
+from dspark_hf.generation.batched import DSparkBatchEngine
+from dspark_hf.generation.policies import FixedLengthPolicy
+from dspark_hf.simulation.cost import KneeCost, ProfileCost, load_cost_model
+from dspark_hf.simulation.replay import SimulatedBatchEngine, replay_generation
+from dspark_hf.simulation.simulate import main as simulate_main
+from dspark_hf.simulation.simulate import make_policy, simulate_closed_loop
+from dspark_hf.simulation.trace import Trace, TraceSequence, trace_sequence
+
+
+PROMPTS = [[1, 5, 6, 7, 8, 9], [1, 40, 41, 42], [1, 17, 3, 3, 60, 61, 62, 63]]
+MAX_NEW_TOKENS = 40
+TICK = 0.004  # seconds per clock reading: a drafting pass and a verification step each take one tick
+SPS = {1: 100.0, 2: 95.0, 3: 92.0, 4: 90.0, 5: 60.0}
+POLICIES = ["full", "fixed:1", "fixed:3", "threshold", "threshold_cumulative", "hardware_aware", "hardware_aware:0",
+            "algorithm1"]
+
+
+class TickClock:
+    """Advances by `TICK` at every reading, so every measured duration between two readings is one tick."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += TICK
+        return self.now
+
+
+@pytest.fixture(scope="module")
+def models():
+    """A tiny target whose EOS is a token its greedy output of the second prompt writes mid-way, so that outputs end
+    early and the engine sees drafts accepted past an EOS."""
+    target = make_target()
+    ids = torch.tensor([PROMPTS[1]])
+    eos = int(target.generate(ids, do_sample=False, max_new_tokens=20, pad_token_id=0)[0, -1])
+    target.generation_config.eos_token_id = eos
+    return target, make_drafter(target), eos
+
+
+def _live_generate(target, drafter, prompt, policy):
+    drafter.verification_policy = policy
+    ids = torch.tensor([prompt])
+    output = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, do_sample=False,
+                             max_new_tokens=MAX_NEW_TOKENS, pad_token_id=0)
+    return output[0, len(prompt):].tolist(), drafter.generation_stats
+
+
+@pytest.fixture(scope="module")
+def trace(models):
+    target, drafter, eos = models
+    sequences = []
+    for index, prompt in enumerate(PROMPTS):
+        ids = torch.tensor([prompt])
+        output = target.generate(ids, do_sample=False, max_new_tokens=MAX_NEW_TOKENS, pad_token_id=0)
+        sequences.append(trace_sequence(target, drafter, prompt, output[0, len(prompt):].tolist(), [eos],
+                                        MAX_NEW_TOKENS, prompt_id=f"p{index}", category="tiny", turn=0))
+    assert any(len(s.output_ids) < MAX_NEW_TOKENS for s in sequences)  # an output ended at the EOS
+    return Trace(drafter.config.block_size, MAX_NEW_TOKENS, [eos], sequences)
+
+
+def test_trace_matches_live_generator(models, trace):
+    target, drafter, _ = models
+    for prompt, sequence in zip(PROMPTS, trace.sequences):
+        output, stats = _live_generate(target, drafter, prompt, "full")
+        assert output == sequence.output_ids
+        committed = 1
+        for round_stats in stats.rounds:
+            assert sequence.draft_ids[committed - 1][: round_stats.verified] == round_stats.draft_ids
+            # The trace's one-forward features and masked blocks round differently from the live forwards.
+            computed = round_stats.confidences  # the whole block, or fewer slots near the length budget
+            assert sequence.confidences[committed - 1][: len(computed)] == pytest.approx(computed, abs=1e-5)
+            assert sequence.accepted(committed, round_stats.verified) >= round_stats.accepted
+            committed += round_stats.accepted + 1
+
+
+@pytest.mark.parametrize("spec", POLICIES)
+def test_batch1_replay_takes_the_live_rounds(models, trace, spec, monkeypatch):
+    """Every policy, one policy object over all prompts as `bench` keeps it, drafting timed by a tick clock."""
+    target, drafter, eos = models
+    monkeypatch.setattr(candidate_generator, "time", types.SimpleNamespace(perf_counter=TickClock().perf_counter))
+    live_policy, simulated_policy = make_policy(spec, SPS, 0.5), make_policy(spec, SPS, 0.5)
+    cost = KneeCost(forward_seconds=0.01, knee_tokens=10**6, draft_seconds=TICK)
+    for prompt, sequence in zip(PROMPTS, trace.sequences):
+        _, stats = _live_generate(target, drafter, prompt, live_policy)
+        run = replay_generation(sequence, simulated_policy, cost, trace.block_size, MAX_NEW_TOKENS, [eos])
+        assert [(r.verified, r.accepted, r.drafted) for r in run.rounds] == \
+            [(r.verified, r.accepted, r.drafted) for r in stats.rounds]
+        assert run.tau == (stats.accepted + stats.num_rounds) / stats.num_rounds
+
+
+@pytest.mark.parametrize("spec", ["target", "full", "fixed:2", "threshold", "hardware_aware"])
+def test_engine_replay_takes_the_live_rounds(models, trace, spec):
+    """The batched engine under a closed loop of 2, live (tick clock) and simulated (one tick per pass and step)."""
+    target, drafter, eos = models
+    tables = {1: SPS, 2: {w: s / 1.5 for w, s in SPS.items()}}
+    live_policy, simulated_policy = make_policy(spec, SPS), make_policy(spec, SPS)
+    live = DSparkBatchEngine(target, drafter if live_policy else None, policy=live_policy, eos_token_id=eos,
+                             steps_per_second_by_rows=tables)
+    live.clock = TickClock().perf_counter
+    cost = KneeCost(forward_seconds=TICK, knee_tokens=10**6, draft_seconds=TICK)
+    simulated = SimulatedBatchEngine(trace.sequences, cost, trace.block_size, simulated_policy, [eos],
+                                     steps_per_second_by_rows=tables)
+    for engine in (live, simulated):
+        run_level(engine, PROMPTS, 2, 5, MAX_NEW_TOKENS)
+    assert [r.output_ids for r in live.finished] == [r.output_ids for r in simulated.finished]
+    rounds = lambda engine: [[(x.verified, x.accepted, x.drafted) for x in r.stats.rounds] for r in engine.finished]  # noqa: E731
+    assert rounds(live) == rounds(simulated)
+    if spec == "fixed:2":  # the engine verifies K drafts per round for fixed:K (not the whole block)
+        assert {x[0] for r in rounds(live) for x in r} <= {0, 1, 2}
+
+
+def _hand_made_sequence() -> TraceSequence:
+    """10 output tokens; the drafter at every anchor proposes 3 drafts of which A(c) = 2 are right."""
+    output = list(range(10, 20))
+    drafts = [[*(output + [0])[c:c + 2], 99] for c in range(1, 10)]
+    return TraceSequence("hand", "made", 0, [1, 2, 3], output, [], drafts, [[0.9, 0.9, 0.9]] * 9, [[2.0] * 3] * 9,
+                         [2] * 9)
+
+
+def test_cost_arithmetic_batch1():
+    """fixed:2 on A = 2: rounds commit 3 tokens from committed 1, 4, 7, then 1 budget-cut round (c = 10 is the end)."""
+    cost = KneeCost(forward_seconds=0.02, knee_tokens=2, draft_seconds=0.001, draft_seconds_per_slot=0.0005,
+                    prefill_seconds_per_token=0.01)
+    run = replay_generation(_hand_made_sequence(), FixedLengthPolicy(2), cost, 3, 10)
+    assert [(r.verified, r.accepted) for r in run.rounds] == [(2, 2), (2, 2), (2, 2)]
+    verify_3 = 0.02 * 3 / 2  # 3 tokens, past the 2-token knee
+    expected = (0.02 + 0.03) + 3 * (0.001 + 2 * 0.0005 + verify_3)
+    assert run.seconds == pytest.approx(expected)
+    assert run.new_tokens == 10 and run.tau == 3.0
+    target_only = replay_generation(_hand_made_sequence(), None, cost, 3, 10)
+    assert target_only.seconds == pytest.approx(0.05 + 9 * 0.02)
+
+
+def test_cost_arithmetic_under_load():
+    """Target-only, 2 requests of 10 tokens in one closed loop of 2: one prefill and 9 two-row steps."""
+    cost = ProfileCost(tables={1: {1: 50.0}, 2: {1: 40.0}}, scale=2.0)
+    assert cost.verify_seconds(2, 1) == pytest.approx(2.0 / 40.0)
+    assert cost.verify_seconds(4, 1) == pytest.approx(2.0 / 40.0 * 2)  # past the profile: proportional to rows
+    sequence = _hand_made_sequence()
+    trace = Trace(3, 10, [], [sequence])
+    engine = SimulatedBatchEngine([sequence], cost, 3)
+    result = run_level(engine, [sequence.prompt_ids], 2, 2, 10)
+    assert result["seconds"] == pytest.approx(10 * 0.05)
+    assert result["throughput_tok_s"] == pytest.approx(20 / 0.5)
+    rows = simulate_closed_loop(trace, lambda: SimulatedBatchEngine([sequence], cost, 3), [2], 10, requests=2)
+    assert rows[0]["throughput_tok_s"] == pytest.approx(40.0)
+
+
+def test_simulate_command(tmp_path, capsys):
+    sequence = _hand_made_sequence()
+    Trace(3, 10, [], [sequence], {"command": "hand made"}).save(tmp_path / "t.json.gz")
+    (tmp_path / "cost.json").write_text(json.dumps({"format": "dspark-hf-cost-model", "draft_seconds": 0.001,
+                                                    "verify": {"kind": "knee", "forward_seconds": 0.01,
+                                                               "knee_tokens": 4}}))
+    assert isinstance(load_cost_model(tmp_path / "cost.json"), KneeCost)
+    argv = ["--trace", str(tmp_path / "t.json.gz"), "--cost", str(tmp_path / "cost.json"), "--concurrency",
+            "batch1,1,2", "--policies", "target,full,fixed:1,threshold,hardware_aware,algorithm1",
+            "--output_dir", str(tmp_path / "out")]
+    assert simulate_main(argv) == 0
+    document = json.loads((tmp_path / "out" / "simulate.json").read_text())
+    assert document["simulation"] is True and len(document["load"]) == 12
+    open_loop = argv[:5] + ["2,4", "--arrivals", "poisson:20"] + argv[6:-1] + [str(tmp_path / "open")]
+    assert simulate_main(open_loop) == 0
+    rows = json.loads((tmp_path / "open" / "simulate.json").read_text())["load"]
+    assert {r["concurrency"] for r in rows} == {2, 4} and all(r["requests"] == 8 for r in rows)
+    assert all(r["latency_p50_s"] <= r["latency_p99_s"] for r in rows)
+    assert simulate_main(argv[:3] + [str(tmp_path / "missing.json")] + argv[4:]) == 2
+    assert "missing.json" in capsys.readouterr().err
+
+
+def test_probe_samples_while_its_width_reaches_past_the_slot():
+    """A probe's Algorithm-1 width may jump past the next slot (equal speeds, float noise): the slot is verified, so
+    it must be sampled (the engine used to stop there and verify drafts it had not sampled)."""
+    engine = SimulatedBatchEngine([], KneeCost(), 4, make_policy("hardware_aware", SPS))
+    engine._probe_width = lambda confidences: 5
+    assert engine._slot_verified(1, 1, [[0.9, 0.9]])
