@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 import transformers
+from tqdm.auto import tqdm
 from transformers import DynamicCache
 from transformers.utils import logging
 
@@ -62,6 +63,7 @@ def time_verification_forwards(
     timer: Callable[[], float] = time.perf_counter,
     seed: int = 0,
     forward_kwargs: dict | None = None,
+    on_forward: Callable[[], None] | None = None,
 ) -> dict[int, list[float]]:
     """Wall-clock seconds of target forwards of `k` new tokens per row over a `context_length`-token cache.
 
@@ -74,6 +76,7 @@ def time_verification_forwards(
         timer (`Callable[[], float]`): the clock (seconds).
         forward_kwargs (`dict`, *optional*): extra arguments of every forward, e.g. the
             ``output_hidden_states=[...]`` request that DSpark's verification forwards carry.
+        on_forward (`Callable[[], None]`, *optional*): called after every forward (a progress bar's `update`).
 
     Returns:
         `dict[int, list[float]]`: the `repeats` timings of each size.
@@ -100,6 +103,8 @@ def time_verification_forwards(
             _synchronize(device)
             elapsed = timer() - start
             cache.crop(-k)  # drop the verified tokens again, as a rejected draft block would be
+            if on_forward is not None:
+                on_forward()
             if round_index >= warmup:
                 timings[k].append(elapsed)
     return timings
@@ -141,6 +146,7 @@ def profile_steps_per_second(
     repeats: int = 5,
     timer: Callable[[], float] = time.perf_counter,
     forward_kwargs: dict | None = None,
+    progress: bool | None = None,
 ) -> dict:
     """Profiles ``SPS`` for every forward size ``1..max_tokens`` (tokens per row) and every batch size.
 
@@ -153,12 +159,18 @@ def profile_steps_per_second(
         raise ValueError(f"Need max_tokens >= 1 and at least one batch size, got {max_tokens} and {list(batch_sizes)}.")
     sizes = list(range(1, max_tokens + 1))
     by_batch_size, seconds = {}, {}
-    for rows in sorted(set(int(b) for b in batch_sizes)):
+    all_rows = sorted(set(int(b) for b in batch_sizes))
+    # progress=None: a bar on terminals only (tqdm's own check), so logs and tests stay quiet
+    bar = tqdm(total=len(all_rows) * (warmup + repeats) * len(sizes), desc="profiling forwards", unit="fwd",
+               disable=None if progress is None else not progress, leave=False)
+    for rows in all_rows:
         timings = time_verification_forwards(
-            model, sizes, rows, context_length, warmup, repeats, timer, forward_kwargs=forward_kwargs
+            model, sizes, rows, context_length, warmup, repeats, timer, forward_kwargs=forward_kwargs,
+            on_forward=bar.update,
         )
         seconds[str(rows)] = {str(k): t for k, t in timings.items()}
         by_batch_size[str(rows)] = {str(k): 1.0 / statistics.median(t) for k, t in timings.items()}
+    bar.close()
     return {
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
