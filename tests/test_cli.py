@@ -81,8 +81,7 @@ def test_one_spelling_with_the_other_accepted():
 
 
 @pytest.mark.parametrize("command", ["demo", "bench", "bench-load", "bench-merge", "reduce-vocab", "profile", "train",
-                                     "prepare-data",
-                                     "calibrate", "push"])
+                                     "prepare-data", "calibrate", "push", "trace", "simulate"])
 def test_help_names_the_command_and_states_defaults_once(capsys, command):
     with pytest.raises(SystemExit) as exit_info:
         cli.main([command, "--help"])

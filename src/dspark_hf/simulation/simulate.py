@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..cli import ArgumentParser
 from ..benchmarks.bench_load import pool_passes, run_level
 from ..benchmarks.report import geometric_mean
 from ..generation.policies import HardwareAwarePolicy, ThresholdPolicy, VerificationPolicy, get_policy
@@ -180,7 +181,7 @@ def run_poisson(engine: SimulatedBatchEngine, prompts: list[list[int]], rate: fl
 
 
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="dspark-hf simulate", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="dspark-hf simulate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--trace", required=True, help="trace file from `dspark-hf trace`")
     parser.add_argument("--cost", required=True, help="cost model JSON, or a `dspark-hf profile` file")
     parser.add_argument("--sps", help="the profile the hardware-aware policy plans with (default: the cost model's "

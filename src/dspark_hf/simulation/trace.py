@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedModel
 
+from ..cli import ArgumentParser
 from ..modeling_dspark import DSparkDrafter
 from ..training.blocks import build_blocks, pad_anchors
 from ..training.features import compute_target_signals
@@ -206,7 +207,7 @@ def trace_sequence(
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     from ..models import DEFAULT_TARGET, DRAFTER_DTYPES
 
-    parser = argparse.ArgumentParser(prog="dspark-hf trace", description=__doc__.split("\n\n")[0],
+    parser = ArgumentParser(prog="dspark-hf trace", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=DEFAULT_TARGET, help="target name or folder (default: %(default)s)")
     parser.add_argument("--drafter", help="drafter folder (default: the one embedded for the target)")
