@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from conftest import TINY, make_drafter, make_target
 from dspark_hf.benchmarks import (
+    BenchMethod,
     BenchSettings,
     acceptance_by_position,
     build_methods,
@@ -264,6 +265,47 @@ def test_cli_writes_json_markdown_and_plots(prompt_files, tmp_path, monkeypatch)
     assert "| all | dspark_full |" in markdown and "yes (3/3)" in markdown
     for name in ("speedup", "acceptance", "tau"):
         assert (output_dir / f"{name}_greedy.png").stat().st_size > 1000
+
+
+def test_cli_reports_the_target_dtype_and_where_outputs_diverge(prompt_files, tmp_path, monkeypatch):
+    target, tokenizer = make_target(), make_tokenizer()
+    monkeypatch.setattr(bench_module, "load_target", lambda *args, **kwargs: (target, tokenizer))
+    real_build_methods = bench_module.build_methods
+
+    def with_a_divergent_method(**kwargs):
+        # a "method" that cannot write the odd ids: its output parts from target-only's
+        methods, skipped = real_build_methods(**kwargs)
+        return [*methods, BenchMethod("no_odd_ids", "target", {"suppress_tokens": list(range(3, 97, 2))})], skipped
+
+    monkeypatch.setattr(bench_module, "build_methods", with_a_divergent_method)
+    output_dir = tmp_path / "out"
+    argv = ["--drafter", "untrained", "--policies", "full", "--prompt-lookup-num-tokens", "0", "--dtype", "float32",
+            "--prompts", str(prompt_files[0]), "--max-new-tokens", "6", "--output-dir", str(output_dir),
+            "--no-plots", "--no-progress", "--no-warmup"]
+    assert bench_module.main(argv) == 0
+    results = json.loads((output_dir / "results.json").read_text())
+    assert results["settings"]["target_dtype"] == "float32" and "drafter_dtype" in results["settings"]
+    records = {(r["method"], r["prompt_id"]): r for r in results["records"]}
+    for prompt_id in ("chat-1", "chat-2", "chat-3"):
+        assert records[("dspark_full", prompt_id)]["identical"]
+        assert records[("dspark_full", prompt_id)]["first_divergence"] is None
+    diverged = [r for r in results["records"] if r["method"] == "no_odd_ids" and not r["identical"]]
+    assert diverged
+    for record in diverged:
+        divergence = record["first_divergence"]
+        assert {"position", "margin", "top1_logit"} <= set(divergence) and divergence["margin"] >= 0
+        assert divergence["target_token"] % 2 == 1 and divergence["token"] % 2 == 0
+    summary = {row["method"]: row for row in results["summary"] if row["category"] == "all"}
+    assert summary["no_odd_ids"]["divergences"] == len(diverged) == 3 - summary["no_odd_ids"]["identical"]
+    assert summary["no_odd_ids"]["divergence_margin_max"] == max(r["first_divergence"]["margin"] for r in diverged)
+    assert summary["dspark_full"]["divergences"] == 0
+    markdown = (output_dir / "results.md").read_text()
+    assert "target dtype: float32" in markdown and "Divergences from target-only (greedy)" in markdown
+    assert "| no_odd_ids |" in markdown.split("### Divergences")[1]
+    assert "| dspark_full |" not in markdown.split("### Divergences")[1]
+    for spelling in ("--target_dtype", "--target-dtype", "--dtype"):  # --dtype: its earlier name
+        assert bench_module.build_parser().parse_args([spelling, "bfloat16", "--prompts", "p"]).target_dtype == "bfloat16"
+    assert bench_module.build_parser().parse_args(["--prompts", "p"]).target_dtype == "auto"
 
 
 def test_bench_merge_pools_parts_and_refuses_mismatched_ones(prompt_files, tmp_path, monkeypatch):
