@@ -327,6 +327,38 @@ def test_speed_profile_must_be_measured_in_the_target_dtype(tmp_path, monkeypatc
     assert bench_module.speed_profile(None, str(folder), target, drafter) == str(folder / bench_module.PROFILE_FILE_NAME)
 
 
+def test_bench_load_reports_the_target_dtype_and_identity(prompt_files, tmp_path, monkeypatch):
+    from dspark_hf.benchmarks import bench_load
+
+    target, tokenizer = make_target(), make_tokenizer()
+    make_drafter(target, block_size=3).save_pretrained(tmp_path / "drafter")
+    monkeypatch.setattr(bench_load, "load_target", lambda *args, **kwargs: (target, tokenizer))
+    argv = ["--drafter", str(tmp_path / "drafter"), "--prompts", str(prompt_files[0]), "--concurrency", "2",
+            "--requests", "3", "--max_new_tokens", "4", "--methods", "target,full", "--repeats", "1",
+            "--target-dtype", "float32", "--output_dir", str(tmp_path / "out")]
+    assert bench_load.main(argv) == 0
+    document = json.loads((tmp_path / "out" / "bench_load.json").read_text())
+    assert document["settings"]["target_dtype"] == "float32"
+    assert document["settings"]["target_dtype_resolved"] == "float32"
+    rows = {row["method"]: row for row in document["results"]}
+    assert rows["full"]["identical"] == rows["full"]["identical_of"] == 3 and rows["full"]["divergences"] == 0
+    assert "identical" not in rows["target"] and "outputs" not in rows["full"]
+    assert "Target in float32" in (tmp_path / "out" / "bench_load.md").read_text()
+
+
+def test_bench_load_exactness_finds_the_first_divergence_per_request():
+    from dspark_hf.benchmarks.bench_load import level_exactness
+
+    target = make_target()
+    reference = {"prompt_ids": [[5, 6, 7], [8, 9]], "outputs": [[11, 12, 13], [14, 15]]}
+    run = {"outputs": [[11, 12, 13], [14, 16]]}
+    exactness = level_exactness(target, [reference], [run])
+    assert exactness["identical"] == 1 and exactness["identical_of"] == 2 and exactness["divergences"] == 1
+    divergence = exactness["first_divergences"][0]
+    assert (divergence["pass"], divergence["request"], divergence["position"]) == (0, 1, 1)
+    assert exactness["divergence_margin_max"] == divergence["margin"] >= 0
+
+
 def test_bench_merge_pools_parts_and_refuses_mismatched_ones(prompt_files, tmp_path, monkeypatch):
     target, tokenizer = make_target(), make_tokenizer()
     monkeypatch.setattr(bench_module, "load_target", lambda *args, **kwargs: (target, tokenizer))
