@@ -303,28 +303,29 @@ def test_cli_reports_the_target_dtype_and_where_outputs_diverge(prompt_files, tm
     assert "target dtype: float32" in markdown and "Divergences from target-only (greedy)" in markdown
     assert "| no_odd_ids |" in markdown.split("### Divergences")[1]
     assert "| dspark_full |" not in markdown.split("### Divergences")[1]
+    parser = bench_module.build_parser()
     for spelling in ("--target_dtype", "--target-dtype", "--dtype"):  # --dtype: its earlier name
-        assert bench_module.build_parser().parse_args([spelling, "bfloat16", "--prompts", "p"]).target_dtype == "bfloat16"
-    assert bench_module.build_parser().parse_args(["--prompts", "p"]).target_dtype == "auto"
+        assert parser.parse_args([spelling, "bfloat16", "--prompts", "p"]).target_dtype == "bfloat16"
+    assert parser.parse_args(["--prompts", "p"]).target_dtype == "auto"
 
 
 def test_speed_profile_must_be_measured_in_the_target_dtype(tmp_path, monkeypatch):
-    from dspark_hf.profiling import PROFILE_FORMAT
+    from dspark_hf.profiling import PROFILE_FILE_NAME, PROFILE_FORMAT
 
     target = make_target()
     drafter = make_drafter(target)
     folder = tmp_path / "drafter"
     folder.mkdir()
     profile = {"format": PROFILE_FORMAT, "settings": {"dtype": "torch.bfloat16"}, "by_batch_size": {"1": {"1": 9.0}}}
-    (folder / bench_module.PROFILE_FILE_NAME).write_text(json.dumps(profile))
+    (folder / PROFILE_FILE_NAME).write_text(json.dumps(profile))
     with pytest.raises(ValueError, match="--sps .*measured with the target in bfloat16.*--target_dtype bfloat16"):
         bench_module.speed_profile(str(folder), None, target, drafter)
     # the drafter folder's profile is only a default: the one the library's default policy measures here replaces it
     monkeypatch.setattr(bench_module, "steps_per_second_here", lambda *args: ({1: 9.0}, tmp_path / "here.json"))
     assert bench_module.speed_profile(None, str(folder), target, drafter) == str(tmp_path / "here.json")
     profile["settings"]["dtype"] = "torch.float32"
-    (folder / bench_module.PROFILE_FILE_NAME).write_text(json.dumps(profile))
-    assert bench_module.speed_profile(None, str(folder), target, drafter) == str(folder / bench_module.PROFILE_FILE_NAME)
+    (folder / PROFILE_FILE_NAME).write_text(json.dumps(profile))
+    assert bench_module.speed_profile(None, str(folder), target, drafter) == str(folder / PROFILE_FILE_NAME)
 
 
 def test_bench_load_reports_the_target_dtype_and_identity(prompt_files, tmp_path, monkeypatch):

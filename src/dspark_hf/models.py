@@ -123,7 +123,7 @@ def load_target(
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
-DRAFTER_DTYPES = DTYPES
+DRAFTER_DTYPES = DTYPES  # the earlier name, kept for callers written against it
 
 
 def _resolve_dtype(name: str, device: str | torch.device, role: str) -> torch.dtype:

@@ -244,7 +244,8 @@ def main(argv=None) -> int:
             row = {"method": name, **pool_passes(passes[name])}
             if baseline:
                 row["throughput_vs_target"] = row["throughput_tok_s"] / baseline["throughput_tok_s"]
-                row["full_load_vs_target"] = row["full_load_throughput_tok_s"] / baseline["full_load_throughput_tok_s"]
+                row["full_load_vs_target"] = (row["full_load_throughput_tok_s"]
+                                              / baseline["full_load_throughput_tok_s"])
                 if name != "target":
                     row.update(level_exactness(target, passes["target"], passes[name]))
             results.append(row)
@@ -262,7 +263,8 @@ def main(argv=None) -> int:
     (out / "bench_load.json").write_text(json.dumps(document, indent=2) + "\n")
     lines = [f"Target in {document['settings']['target_dtype_resolved']}, drafter in "
              f"{document['settings']['drafter_dtype_resolved']}; ratios and identity are against target-only batched "
-             "decoding in the same dtype (margin: the target's top-1 minus top-2 logit at each first divergence).", "",
+             "decoding in the same dtype (margin: the target's top-1 minus top-2 logit at each first divergence).",
+             "",
              "| concurrency | method | tok/s at full load | vs target | whole-run tok/s | vs target | "
              "per-request tok/s | tau | mean verified | rounds without drafter | identical | margin max / median |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
