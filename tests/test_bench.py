@@ -11,6 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from conftest import TINY, make_drafter, make_target
 from dspark_hf.benchmarks import (
+    BenchMethod,
     BenchSettings,
     acceptance_by_position,
     build_methods,
@@ -264,6 +265,99 @@ def test_cli_writes_json_markdown_and_plots(prompt_files, tmp_path, monkeypatch)
     assert "| all | dspark_full |" in markdown and "yes (3/3)" in markdown
     for name in ("speedup", "acceptance", "tau"):
         assert (output_dir / f"{name}_greedy.png").stat().st_size > 1000
+
+
+def test_cli_reports_the_target_dtype_and_where_outputs_diverge(prompt_files, tmp_path, monkeypatch):
+    target, tokenizer = make_target(), make_tokenizer()
+    monkeypatch.setattr(bench_module, "load_target", lambda *args, **kwargs: (target, tokenizer))
+    real_build_methods = bench_module.build_methods
+
+    def with_a_divergent_method(**kwargs):
+        # a "method" that cannot write the odd ids: its output parts from target-only's
+        methods, skipped = real_build_methods(**kwargs)
+        return [*methods, BenchMethod("no_odd_ids", "target", {"suppress_tokens": list(range(3, 97, 2))})], skipped
+
+    monkeypatch.setattr(bench_module, "build_methods", with_a_divergent_method)
+    output_dir = tmp_path / "out"
+    argv = ["--drafter", "untrained", "--policies", "full", "--prompt-lookup-num-tokens", "0", "--dtype", "float32",
+            "--prompts", str(prompt_files[0]), "--max-new-tokens", "6", "--output-dir", str(output_dir),
+            "--no-plots", "--no-progress", "--no-warmup"]
+    assert bench_module.main(argv) == 0
+    results = json.loads((output_dir / "results.json").read_text())
+    assert results["settings"]["target_dtype"] == "float32" and "drafter_dtype" in results["settings"]
+    records = {(r["method"], r["prompt_id"]): r for r in results["records"]}
+    for prompt_id in ("chat-1", "chat-2", "chat-3"):
+        assert records[("dspark_full", prompt_id)]["identical"]
+        assert records[("dspark_full", prompt_id)]["first_divergence"] is None
+    diverged = [r for r in results["records"] if r["method"] == "no_odd_ids" and not r["identical"]]
+    assert diverged
+    for record in diverged:
+        divergence = record["first_divergence"]
+        assert {"position", "margin", "top1_logit"} <= set(divergence) and divergence["margin"] >= 0
+        assert divergence["target_token"] % 2 == 1 and divergence["token"] % 2 == 0
+    summary = {row["method"]: row for row in results["summary"] if row["category"] == "all"}
+    assert summary["no_odd_ids"]["divergences"] == len(diverged) == 3 - summary["no_odd_ids"]["identical"]
+    assert summary["no_odd_ids"]["divergence_margin_max"] == max(r["first_divergence"]["margin"] for r in diverged)
+    assert summary["dspark_full"]["divergences"] == 0
+    markdown = (output_dir / "results.md").read_text()
+    assert "target dtype: float32" in markdown and "Divergences from target-only (greedy)" in markdown
+    assert "| no_odd_ids |" in markdown.split("### Divergences")[1]
+    assert "| dspark_full |" not in markdown.split("### Divergences")[1]
+    parser = bench_module.build_parser()
+    for spelling in ("--target_dtype", "--target-dtype", "--dtype"):  # --dtype: its earlier name
+        assert parser.parse_args([spelling, "bfloat16", "--prompts", "p"]).target_dtype == "bfloat16"
+    assert parser.parse_args(["--prompts", "p"]).target_dtype == "auto"
+
+
+def test_speed_profile_must_be_measured_in_the_target_dtype(tmp_path, monkeypatch):
+    from dspark_hf.profiling import PROFILE_FILE_NAME, PROFILE_FORMAT
+
+    target = make_target()
+    drafter = make_drafter(target)
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    profile = {"format": PROFILE_FORMAT, "settings": {"dtype": "torch.bfloat16"}, "by_batch_size": {"1": {"1": 9.0}}}
+    (folder / PROFILE_FILE_NAME).write_text(json.dumps(profile))
+    with pytest.raises(ValueError, match="--sps .*measured with the target in bfloat16.*--target_dtype bfloat16"):
+        bench_module.speed_profile(str(folder), None, target, drafter)
+    # the drafter folder's profile is only a default: the one the library's default policy measures here replaces it
+    monkeypatch.setattr(bench_module, "steps_per_second_here", lambda *args: ({1: 9.0}, tmp_path / "here.json"))
+    assert bench_module.speed_profile(None, str(folder), target, drafter) == str(tmp_path / "here.json")
+    profile["settings"]["dtype"] = "torch.float32"
+    (folder / PROFILE_FILE_NAME).write_text(json.dumps(profile))
+    assert bench_module.speed_profile(None, str(folder), target, drafter) == str(folder / PROFILE_FILE_NAME)
+
+
+def test_bench_load_reports_the_target_dtype_and_identity(prompt_files, tmp_path, monkeypatch):
+    from dspark_hf.benchmarks import bench_load
+
+    target, tokenizer = make_target(), make_tokenizer()
+    make_drafter(target, block_size=3).save_pretrained(tmp_path / "drafter")
+    monkeypatch.setattr(bench_load, "load_target", lambda *args, **kwargs: (target, tokenizer))
+    argv = ["--drafter", str(tmp_path / "drafter"), "--prompts", str(prompt_files[0]), "--concurrency", "2",
+            "--requests", "3", "--max_new_tokens", "4", "--methods", "target,full", "--repeats", "1",
+            "--target-dtype", "float32", "--output_dir", str(tmp_path / "out")]
+    assert bench_load.main(argv) == 0
+    document = json.loads((tmp_path / "out" / "bench_load.json").read_text())
+    assert document["settings"]["target_dtype"] == "float32"
+    assert document["settings"]["target_dtype_resolved"] == "float32"
+    rows = {row["method"]: row for row in document["results"]}
+    assert rows["full"]["identical"] == rows["full"]["identical_of"] == 3 and rows["full"]["divergences"] == 0
+    assert "identical" not in rows["target"] and "outputs" not in rows["full"]
+    assert "Target in float32" in (tmp_path / "out" / "bench_load.md").read_text()
+
+
+def test_bench_load_exactness_finds_the_first_divergence_per_request():
+    from dspark_hf.benchmarks.bench_load import level_exactness
+
+    target = make_target()
+    reference = {"prompt_ids": [[5, 6, 7], [8, 9]], "outputs": [[11, 12, 13], [14, 15]]}
+    run = {"outputs": [[11, 12, 13], [14, 16]]}
+    exactness = level_exactness(target, [reference], [run])
+    assert exactness["identical"] == 1 and exactness["identical_of"] == 2 and exactness["divergences"] == 1
+    divergence = exactness["first_divergences"][0]
+    assert (divergence["pass"], divergence["request"], divergence["position"]) == (0, 1, 1)
+    assert exactness["divergence_margin_max"] == divergence["margin"] >= 0
 
 
 def test_bench_merge_pools_parts_and_refuses_mismatched_ones(prompt_files, tmp_path, monkeypatch):

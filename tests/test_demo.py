@@ -26,3 +26,17 @@ def test_demo_runs_offline_and_outputs_are_identical():
     assert "Columns: new tokens = " in result.stdout  # every column explained
     assert result.stdout.count("--- target-only ") == 3  # a verdict per prompt
     assert "Per prompt: math: " in result.stdout and "Identical on 3 of 3 prompts" in result.stdout
+
+
+def test_target_dtype_option_and_the_divergence_line():
+    import torch
+
+    from conftest import make_target
+    from dspark_hf.demo import _divergence_line, _parse_args
+
+    assert _parse_args([]).target_dtype == "float32"  # the demo shows token-for-token identity by default
+    assert _parse_args(["--target-dtype", "auto"]).target_dtype == "auto"
+    line = _divergence_line(make_target().to(torch.bfloat16), [5, 6, 7], [11, 12], [11, 13])
+    assert line.startswith("--- first divergence at new token 1: the target's top-1 minus top-2 logit there is ")
+    assert "in bfloat16 a verification forward" in line
+    assert "a bug" in _divergence_line(make_target(), [5, 6, 7], [11, 12], [11, 13])

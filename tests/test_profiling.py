@@ -14,6 +14,7 @@ from dspark_hf.profiling import (
     PROFILE_FILE_NAME,
     load_steps_per_second,
     main,
+    profile_dtype_mismatch,
     profile_steps_per_second,
     save_profile,
     time_verification_forwards,
@@ -124,7 +125,7 @@ def test_profile_command(tmp_path):
     drafter_dir = tmp_path / "drafter"
     make_drafter(target, target_layer_ids=[0, 2]).save_pretrained(drafter_dir)
     argv = ["--target", str(tmp_path / "target"), "--drafter", str(drafter_dir), "--max-tokens", "3",
-            "--context-length", "8", "--warmup", "0", "--repeats", "1", "--device", "cpu"]
+            "--context-length", "8", "--warmup", "0", "--repeats", "1", "--device", "cpu", "--dtype", "float32"]
     assert main(argv) == 0
     profile = json.loads((drafter_dir / PROFILE_FILE_NAME).read_text())
     assert sorted(map(int, profile["steps_per_second"])) == [1, 2, 3]
@@ -132,6 +133,23 @@ def test_profile_command(tmp_path):
     assert profile["metadata"]["command"][:2] == ["dspark-hf", "profile"]
     assert profile["settings"]["forward_kwargs"] == {"output_hidden_states": [1, 3]}  # as DSpark verifies
     assert sorted(load_steps_per_second(drafter_dir)) == [1, 2, 3]
+    assert profile["settings"]["dtype"] == "torch.float32"  # --dtype: the earlier name of --target_dtype
+    assert profile_dtype_mismatch(drafter_dir, torch.float32) is None
+    assert "--target_dtype float32" in profile_dtype_mismatch(drafter_dir, torch.bfloat16)
+
+
+def test_profile_command_records_the_target_dtype(tmp_path):
+    make_target().save_pretrained(tmp_path / "target")
+    argv = ["--target", str(tmp_path / "target"), "--target-dtype", "bfloat16", "--max_tokens", "2",
+            "--context_length", "4", "--warmup", "0", "--repeats", "1", "--device", "cpu", "--output",
+            str(tmp_path / "bf16.json")]
+    assert main(argv) == 0
+    assert json.loads((tmp_path / "bf16.json").read_text())["settings"]["dtype"] == "torch.bfloat16"
+    message = profile_dtype_mismatch(tmp_path / "bf16.json", torch.float32)
+    assert "measured with the target in bfloat16, but the target runs in float32" in message
+    assert "dspark-hf profile --target_dtype float32" in message
+    (tmp_path / "table.json").write_text(json.dumps({"1": 10.0}))
+    assert profile_dtype_mismatch(tmp_path / "table.json", torch.float32) is None  # hand-written: no dtype to check
 
 
 def test_a_profile_from_another_machine_warns_once(tmp_path, monkeypatch):

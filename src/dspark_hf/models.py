@@ -122,7 +122,25 @@ def load_target(
     return model.eval(), tokenizer
 
 
-DRAFTER_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DRAFTER_DTYPES = DTYPES  # the earlier name, kept for callers written against it
+
+
+def _resolve_dtype(name: str, device: str | torch.device, role: str) -> torch.dtype:
+    """`name` as a torch dtype; `"auto"` is bf16 where `device` computes it natively (GPUs with bf16, CPUs with AMX
+    or AVX512-BF16), else float32 (emulated bf16 on older CPUs is slower than float32)."""
+    if name != "auto":
+        if name not in DTYPES:
+            raise ValueError(f"Unknown {role} dtype {name!r}; choose one of {list(DTYPES)}.")
+        return getattr(torch, name)
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if device.type == "cpu":
+        capabilities = getattr(torch.cpu, "get_capabilities", dict)()
+        native = capabilities.get("amx_bf16") or capabilities.get("avx512_bf16")
+        return torch.bfloat16 if native else torch.float32
+    return torch.float32
 
 
 def drafter_dtype(name: str = "auto", device: str | torch.device = "cpu") -> torch.dtype:
@@ -134,15 +152,17 @@ def drafter_dtype(name: str = "auto", device: str | torch.device = "cpu") -> tor
     pass of the embedded drafter drops from ~15 ms to ~6-9 ms, while emulated bf16 on older CPUs is slower than
     float32. `"auto"` picks bf16 on those devices and float32 elsewhere.
     """
-    if name != "auto":
-        if name not in DRAFTER_DTYPES:
-            raise ValueError(f"Unknown drafter dtype {name!r}; choose one of {list(DRAFTER_DTYPES)}.")
-        return getattr(torch, name)
-    device = torch.device(device)
-    if device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-    if device.type == "cpu":
-        capabilities = getattr(torch.cpu, "get_capabilities", dict)()
-        native = capabilities.get("amx_bf16") or capabilities.get("avx512_bf16")
-        return torch.bfloat16 if native else torch.float32
-    return torch.float32
+    return _resolve_dtype(name, device, "drafter")
+
+
+def target_dtype(name: str = "auto", device: str | torch.device = "cpu") -> torch.dtype:
+    """The dtype to run a target in: `name`, or for `"auto"` bf16 where the device computes it natively (as
+    [`drafter_dtype`] decides), else float32.
+
+    Unlike the drafter's, the target's dtype matters for the output. In float32, speculative greedy output is token
+    for token the target's one-token-at-a-time output. In bf16 each committed token is still the target's own choice
+    from its verification forward, but a forward over k tokens rounds differently from k one-token forwards, so the
+    output can differ from one-token bf16 decoding where the top two logits (nearly) tie; `dspark-hf bench` reports
+    how often and by what margin ([`dspark_hf.benchmarks.exactness`]).
+    """
+    return _resolve_dtype(name, device, "target")

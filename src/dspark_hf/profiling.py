@@ -294,6 +294,23 @@ def steps_per_second_here(target: torch.nn.Module, drafter) -> tuple[dict[int, f
     return {int(k): float(v) for k, v in profile["steps_per_second"].items()}, cached
 
 
+def profile_dtype_mismatch(path: str | os.PathLike, dtype: torch.dtype) -> str | None:
+    """Why the profile at `path` does not fit a target running in `dtype` (the speeds of bf16 and float32 forwards
+    differ, and so do the schedules planned from them), or `None` when it fits or records no dtype (a hand-written
+    table)."""
+    path = _profile_path(path)
+    data = json.loads(path.read_text()) if path.is_file() else None
+    if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+        return None
+    measured = str((data.get("settings") or {}).get("dtype", "")).removeprefix("torch.")
+    wanted = str(dtype).removeprefix("torch.")
+    if not measured or measured == wanted:
+        return None
+    return (f"the speed profile {path} was measured with the target in {measured}, but the target runs in {wanted}; "
+            f"profile it in {wanted} (`dspark-hf profile --target_dtype {wanted} --output PROFILE.json`) or run the "
+            f"target in {measured} (--target_dtype {measured})")
+
+
 def load_steps_per_second(path: str | os.PathLike, batch_size: int = 1) -> dict[int, float]:
     """The ``{num_tokens: steps_per_second}`` table of a saved profile, for forwards of `batch_size` rows.
 
@@ -346,7 +363,12 @@ class ProfileArguments:
     warmup: int = field(default=2, metadata={"help": "untimed rounds over all sizes"})
     repeats: int = field(default=5, metadata={"help": "timed rounds over all sizes (the median is kept)"})
     device: str | None = field(default=None, metadata={"help": "cuda, cpu, ... (default: cuda if available)"})
-    dtype: str = field(default="float32", metadata={"help": "target dtype: float32, bfloat16, float16"})
+    target_dtype: str = field(
+        default="auto",
+        metadata={"aliases": ["--dtype"], "help": "target dtype: auto (bfloat16 where the device computes it natively, "
+                  "else float32), float32, bfloat16, float16; the profile records it, and only a profile of the "
+                  "target's dtype is used"},
+    )
 
 
 def _print_table(profile: dict) -> None:
@@ -373,15 +395,13 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = parser.parse_args_into_dataclasses(args=argv if argv is not None else sys.argv[1:])
     from transformers import AutoModelForCausalLM
 
-    from .models import check_model_path, resolve_target_path
+    from .models import check_model_path, resolve_target_path, target_dtype
 
     if args.drafter is not None:
         check_model_path(args.drafter)
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype, None)
-    if not isinstance(dtype, torch.dtype):
-        raise ValueError(f"--dtype {args.dtype!r} is not a torch dtype; use float32, bfloat16 or float16.")
+    dtype = target_dtype(args.target_dtype, device)
     model = AutoModelForCausalLM.from_pretrained(resolve_target_path(args.target), dtype=dtype).to(device).eval()
     profile = profile_steps_per_second(
         model, args.max_tokens, args.batch_sizes, args.context_length, args.warmup, args.repeats,
@@ -391,5 +411,5 @@ def main(argv: list[str] | None = None) -> int:
     profile["metadata"]["command"] = ["dspark-hf", "profile", *(argv if argv is not None else sys.argv[1:])]
     path = save_profile(profile, args.output or args.drafter or PROFILE_FILE_NAME)
     _print_table(profile)
-    print(f"saved {path}")
+    print(f"saved {path} (target in {str(dtype).removeprefix('torch.')})")
     return 0

@@ -36,7 +36,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..cli import ArgumentParser
 from ..modeling_dspark import DSparkDrafter
-from ..models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
+from ..models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
+from ..models import target_dtype
+from ..profiling import profile_dtype_mismatch, steps_per_second_here
+from .exactness import conversation_divergence
 from .methods import (
     BenchMethod,
     GenerationMeasurement,
@@ -80,12 +83,16 @@ class ConversationRun:
     """One method's measurements over the turns of one prompt."""
 
     turns: list[GenerationMeasurement] = field(default_factory=list)
-    prompt_lengths: list[int] = field(default_factory=list)
+    prompt_ids: list[list[int]] = field(default_factory=list)
     answers: list[str] = field(default_factory=list)
 
     @property
     def token_ids(self) -> list[int]:
         return [token for turn in self.turns for token in turn.new_token_ids]
+
+    @property
+    def prompt_lengths(self) -> list[int]:
+        return [len(ids) for ids in self.prompt_ids]
 
     @property
     def seconds(self) -> float:
@@ -119,16 +126,17 @@ def run_conversation(
         seed = settings.seed + 1000 * prompt_index + turn if mode == "sample" else None
         measurement = measure_generation(target, input_ids, method, kwargs, seed=seed)
         run.turns.append(measurement)
-        run.prompt_lengths.append(input_ids.shape[1])
+        run.prompt_ids.append(input_ids[0].tolist())
         run.answers.append(tokenizer.decode(measurement.new_token_ids, skip_special_tokens=True).strip())
     return run
 
 
 def conversation_record(
     prompt: BenchPrompt, method: BenchMethod, mode: str, run: ConversationRun, baseline: ConversationRun,
-    save_outputs: bool = False,
+    save_outputs: bool = False, first_divergence: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The raw numbers of one method on one prompt, with its speed-up and exactness against `baseline`."""
+    """The raw numbers of one method on one prompt, with its speed-up and exactness against `baseline`
+    (`first_divergence`: from [`conversation_divergence`] when a greedy output differs from the baseline's)."""
     new_tokens, seconds, forwards = len(run.token_ids), run.seconds, run.target_forwards
     rounds, tau_tokens, tau_forwards = _rounds_and_tau(method, run)
     tokens_per_second = new_tokens / seconds if seconds else None
@@ -145,6 +153,7 @@ def conversation_record(
         "acceptance_by_position": acceptance_by_position(rounds) if rounds is not None else None,
         "speedup": tokens_per_second / baseline_tps if tokens_per_second and baseline_tps else None,
         "identical": run.token_ids == baseline.token_ids if mode == "greedy" else None,
+        "first_divergence": first_divergence,
         "peak_memory_bytes": _max_of(turn.peak_memory_bytes for turn in run.turns),
         "peak_memory_total_bytes": _max_of(turn.peak_memory_total_bytes for turn in run.turns),
         "turn_seconds": [turn.seconds for turn in run.turns],
@@ -202,9 +211,20 @@ def run_benchmark(
         order = list(methods[shift:]) + list(methods[:shift])
         for mode in settings.modes:
             runs = {m.name: run_conversation(target, tokenizer, m, prompt, mode, settings, index) for m in order}
-            records += [conversation_record(prompt, m, mode, runs[m.name], runs["target"], settings.save_outputs)
+            records += [conversation_record(prompt, m, mode, runs[m.name], runs["target"], settings.save_outputs,
+                                            _greedy_divergence(target, mode, runs[m.name], runs["target"]))
                         for m in methods]
     return records
+
+
+def _greedy_divergence(target: PreTrainedModel, mode: str, run: ConversationRun,
+                       baseline: ConversationRun) -> dict[str, Any] | None:
+    """Where a greedy output first parts from target-only's, with the target's logit margin there (after the
+    timed generations: one untimed forward over target-only's output)."""
+    if mode != "greedy" or run.token_ids == baseline.token_ids:
+        return None
+    return conversation_divergence(target, baseline.prompt_ids, [t.new_token_ids for t in baseline.turns],
+                                   [t.new_token_ids for t in run.turns])
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -302,9 +322,12 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--sps", help="steps-per-second profile JSON from `dspark-hf profile` (hardware_aware); "
                         f"default: {PROFILE_FILE_NAME} in the drafter folder, if there")
     models.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    models.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="dtype of the target (and of --assistant)")
-    models.add_argument("--drafter_dtype", default="auto", choices=DRAFTER_DTYPES,
+    models.add_argument("--target_dtype", "--dtype", default="auto", choices=DTYPES,
+                        help="dtype of the target (and of --assistant): auto (default: bfloat16 where the device "
+                        "computes it natively, else float32), float32, bfloat16, float16. Every method runs in it and "
+                        "is compared with target-only in it; outside float32 outputs may differ at near-ties, and the "
+                        "report gives the identity rate and the target's logit margins at the divergences")
+    models.add_argument("--drafter_dtype", default="auto", choices=DTYPES,
                         help="dtype the DSpark drafters run in (auto: bfloat16 where the device computes it natively, "
                         "else float32; outputs are identical either way)")
     models.add_argument("--threads", type=int, help="torch.set_num_threads (CPU)")
@@ -371,6 +394,22 @@ def profile_path(sps: str | None, drafter_spec: str | None) -> str | None:
     return None
 
 
+def speed_profile(sps: str | None, drafter_spec: str | None, target: PreTrainedModel,
+                  drafter: DSparkDrafter | None) -> str | None:
+    """The profile for `hardware_aware`, measured in the target's dtype: `--sps` (refused when measured in another
+    dtype), else the drafter folder's when it is, else the one the library's default policy uses here (measured once
+    in this dtype and cached), else `None`."""
+    path = profile_path(sps, drafter_spec)
+    mismatch = profile_dtype_mismatch(path, target.dtype) if path else None
+    if mismatch and sps:
+        raise ValueError(f"--sps {sps}: {mismatch}.")
+    if mismatch and drafter is not None:
+        print(f"dspark-hf bench: not using {path}: {mismatch}; using this machine's profile in the target's dtype",
+              file=sys.stderr)
+        return str(steps_per_second_here(target, drafter)[1])
+    return path
+
+
 def _policy_kwargs(args: argparse.Namespace, sps: str | None) -> dict[str, dict[str, Any]]:
     kwargs: dict[str, dict[str, Any]] = {"threshold": {"threshold": args.threshold}}
     if sps:
@@ -382,7 +421,7 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Loads the models and prompts named by `args`, runs the benchmark and writes the report."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
+    dtype = target_dtype(args.target_dtype, args.device)
     prompts = load_prompts(args.prompts, start=args.start, limit=args.limit)
     drafter_spec = args.drafter if args.drafter is not None else default_drafter(args.target)
     for option, spec in (("--drafter", drafter_spec), ("--dflash_drafter", args.dflash_drafter)):
@@ -390,9 +429,10 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
             check_model_path(spec, option)  # before the target loads
     target, tokenizer = load_target(args.target, dtype=dtype, device=args.device)
     draft_dtype = drafter_dtype(args.drafter_dtype, args.device)
-    sps = profile_path(args.sps, drafter_spec)
+    drafter = load_drafter(drafter_spec, target, args.device, draft_dtype)
+    sps = speed_profile(args.sps, drafter_spec, target, drafter)
     methods, skipped = build_methods(
-        drafter=load_drafter(drafter_spec, target, args.device, draft_dtype),
+        drafter=drafter,
         policies=[name.strip() for name in args.policies.split(",") if name.strip()],
         policy_kwargs=_policy_kwargs(args, sps),
         dflash_drafter=load_drafter(args.dflash_drafter, target, args.device, draft_dtype, markov_rank=0),
@@ -410,12 +450,16 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
     load_average_before = os.getloadavg() if hasattr(os, "getloadavg") else None
     records = run_benchmark(target, tokenizer, methods, prompts, settings, progress=not args.no_progress)
     results = results_document(records, argv, settings, methods, skipped, prompts, args.device, load_average_before,
-                               target=args.target, drafter=drafter_spec, dtype=args.dtype,
-                               drafter_dtype=str(draft_dtype).removeprefix("torch."), sps_profile=sps)
+                               target=args.target, drafter=drafter_spec, target_dtype=_dtype_name(target.dtype),
+                               drafter_dtype=_dtype_name(draft_dtype), sps_profile=sps)
     paths = write_report(args.output_dir, results, plots=not args.no_plots)
     print(Path(paths["markdown"]).read_text(encoding="utf-8"))
     print("wrote " + ", ".join(str(path) for path in paths.values()))
     return 0
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -5,8 +5,9 @@ is replaced by the next prompt at the following round) until `--requests` have f
 level (`--repeats` passes, rotating the order, pooled): target-only batched decoding, then DSpark with each
 verification policy. Reports total tokens/s at full load (the steps with c requests in flight) and over the whole
 run (including the drain once the queue is empty), each with its ratio to target-only at the same level, mean
-per-request tokens/s, tau and the share of rounds run without the drafter; writes JSON, a markdown table and a
-throughput / per-user-speed frontier plot.
+per-request tokens/s, tau and the share of rounds run without the drafter, and how many requests' outputs equal
+target-only's for the same request (with the target's logit margin where they part, which happens outside float32 at
+near-ties); writes JSON, a markdown table and a throughput / per-user-speed frontier plot.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from ..cli import ArgumentParser
 from ..generation.batched import DSparkBatchEngine
 from ..generation.policies import get_policy
 from ..modeling_dspark import DSparkDrafter
-from ..models import DEFAULT_TARGET, DRAFTER_DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
+from ..models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
+from ..models import target_dtype
+from ..profiling import profile_dtype_mismatch
 from .bench import machine_info, version_info
+from .exactness import conversation_divergence, summarize_divergences
 from .prompts import load_prompts, render_conversation
 
 
@@ -33,7 +37,10 @@ def _parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--target", default=DEFAULT_TARGET)
     parser.add_argument("--drafter", default=None, help="drafter path (default: the embedded one)")
     parser.add_argument("--prompts", nargs="+", required=True, help="jsonl prompt files ({'turns': [...]})")
-    parser.add_argument("--drafter_dtype", default="auto", choices=DRAFTER_DTYPES,
+    parser.add_argument("--target_dtype", default="auto", choices=DTYPES,
+                        help="dtype the target runs in, every method alike (auto: bfloat16 where computed natively, "
+                        "else float32; outside float32 outputs may differ from target-only's at near-ties)")
+    parser.add_argument("--drafter_dtype", default="auto", choices=DTYPES,
                         help="dtype the drafter runs in (auto: bfloat16 where computed natively, else float32)")
     parser.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated levels")
     parser.add_argument("--requests", type=int, default=None, help="requests finished per level (default: 2 × c, >= 8)")
@@ -101,7 +108,26 @@ def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: 
         "mean_verified": sum(r.verified for r in rounds) / len(rounds) if rounds else 0.0,
         "rounds": len(rounds),
         "skipped_rounds": sum(not r.drafted for r in rounds),
+        "prompt_ids": [list(r.prompt_ids) for r in requests],  # in admission order, the same in every method
+        "outputs": [list(r.output_ids) for r in requests],
     }
+
+
+def level_exactness(target, reference_passes: list[dict], passes: list[dict]) -> dict:
+    """Each request's output against target-only's for the same request in the same pass (rows of [`run_level`]):
+    `identical` of `identical_of` requests, and where the others first part, the target's top-1/top-2 logit margin
+    (`first_divergences`, with `pass` and `request` indices, summarized like `dspark-hf bench`)."""
+    identical, total, divergences = 0, 0, []
+    for repeat, (reference, run) in enumerate(zip(reference_passes, passes)):
+        for index, (prompt, expected, output) in enumerate(
+                zip(reference["prompt_ids"], reference["outputs"], run["outputs"])):
+            divergence = conversation_divergence(target, [prompt], [expected], [output])
+            total += 1
+            identical += divergence is None
+            if divergence is not None:
+                divergences.append({"pass": repeat, "request": index, **divergence})
+    return {"identical": identical, "identical_of": total, **summarize_divergences(divergences),
+            "first_divergences": divergences}
 
 
 def pool_passes(passes: list[dict]) -> dict:
@@ -147,6 +173,12 @@ def _engines(args, target, drafter, pad_token_id, eos_token_id):
             if not Path(sps_path).is_file():
                 print(f"[bench-load] skipping hardware_aware: no profile at {sps_path} (run `dspark-hf profile`)")
                 continue
+            mismatch = profile_dtype_mismatch(sps_path, target.dtype)
+            if mismatch and args.sps:
+                raise ValueError(f"--sps {args.sps}: {mismatch}.")
+            if mismatch:
+                print(f"[bench-load] skipping hardware_aware: {mismatch}, then pass it as --sps")
+                continue
             policy = get_policy(name, steps_per_second=str(sps_path))
         elif name == "threshold":
             policy = get_policy(name, threshold=args.threshold)
@@ -188,7 +220,7 @@ def main(argv=None) -> int:
     if path is None:
         raise ValueError(f"No drafter ships for --target {args.target}; pass --drafter DRAFTER_DIR.")
     check_model_path(str(path))
-    target, tokenizer = load_target(args.target)
+    target, tokenizer = load_target(args.target, dtype=target_dtype(args.target_dtype))
     drafter = DSparkDrafter.from_pretrained(path, target=target, dtype=drafter_dtype(args.drafter_dtype)).eval()
     prompts = [render_conversation(tokenizer, p.turns[:1], []) for p in load_prompts(args.prompts)]
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
@@ -206,12 +238,15 @@ def main(argv=None) -> int:
             rotation = repeat % len(engines)
             for name, make_engine in engines[rotation:] + engines[:rotation]:
                 passes[name].append(run_level(make_engine(), prompts, level, num_requests, args.max_new_tokens))
-        target = pool_passes(passes["target"]) if passes.get("target") else None
+        baseline = pool_passes(passes["target"]) if passes.get("target") else None
         for name, _ in engines:
             row = {"method": name, **pool_passes(passes[name])}
-            if target:
-                row["throughput_vs_target"] = row["throughput_tok_s"] / target["throughput_tok_s"]
-                row["full_load_vs_target"] = row["full_load_throughput_tok_s"] / target["full_load_throughput_tok_s"]
+            if baseline:
+                row["throughput_vs_target"] = row["throughput_tok_s"] / baseline["throughput_tok_s"]
+                row["full_load_vs_target"] = (row["full_load_throughput_tok_s"]
+                                              / baseline["full_load_throughput_tok_s"])
+                if name != "target":
+                    row.update(level_exactness(target, passes["target"], passes[name]))
             results.append(row)
             tqdm.write(f"c={level:>3} {name:>15}: {row['full_load_throughput_tok_s']:7.2f} tok/s at full load "
                        f"({row.get('full_load_vs_target', 1.0):.3f}x target), whole run {row['throughput_tok_s']:7.2f} "
@@ -221,18 +256,26 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     document = {"command": " ".join(["dspark-hf", "bench-load", *(argv if argv is not None else sys.argv[2:])]),
                 "machine": machine_info(), "versions": version_info(), "settings": {**vars(args),
+                             "target_dtype_resolved": str(target.dtype).removeprefix("torch."),
                              "drafter_dtype_resolved": str(drafter.dtype).removeprefix("torch.")},
                 "results": results}
     (out / "bench_load.json").write_text(json.dumps(document, indent=2) + "\n")
-    lines = ["| concurrency | method | tok/s at full load | vs target | whole-run tok/s | vs target | "
-             "per-request tok/s | tau | mean verified | rounds without drafter |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Target in {document['settings']['target_dtype_resolved']}, drafter in "
+             f"{document['settings']['drafter_dtype_resolved']}; ratios and identity are against target-only batched "
+             "decoding in the same dtype (margin: the target's top-1 minus top-2 logit at each first divergence).",
+             "",
+             "| concurrency | method | tok/s at full load | vs target | whole-run tok/s | vs target | "
+             "per-request tok/s | tau | mean verified | rounds without drafter | identical | margin max / median |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ratios = [f"{r[key]:.3f}x" if key in r else "-" for key in ("full_load_vs_target", "throughput_vs_target")]
         skipped = f"{r['skipped_rounds'] / r['rounds']:.0%}" if r["rounds"] else "-"
+        identical = f"{r['identical']}/{r['identical_of']}" if "identical" in r else "-"
+        margins = (f"{r['divergence_margin_max']:.3f} / {r['divergence_margin_median']:.3f}"
+                   if r.get("divergences") else "-")
         lines.append(f"| {r['concurrency']} | {r['method']} | {r['full_load_throughput_tok_s']:.2f} | {ratios[0]} | "
                      f"{r['throughput_tok_s']:.2f} | {ratios[1]} | {r['per_request_tok_s']:.2f} | {r['tau']:.2f} | "
-                     f"{r['mean_verified']:.2f} | {skipped} |")
+                     f"{r['mean_verified']:.2f} | {skipped} | {identical} | {margins} |")
     (out / "bench_load.md").write_text("\n".join(lines) + "\n")
     _plot(results, out / "bench_load.png")
     print("\n".join(lines))

@@ -14,6 +14,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .exactness import summarize_divergences
+
 
 ALL_CATEGORIES = "all"
 
@@ -50,7 +52,8 @@ def summarize_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]
     """Pools `records` sharing (mode, method, category); adds a category `"all"` per (mode, method).
 
     Rates are pooled (total tokens / total seconds, total committed tokens / total forwards); the speed-up is the
-    geometric mean of the per-prompt speed-ups; `identical` counts greedy prompts whose output matched target-only.
+    geometric mean of the per-prompt speed-ups; `identical` counts greedy prompts whose output matched target-only,
+    and `divergence_margin_*` describe the target's top-1/top-2 logit margins where the others first diverged.
     """
     groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for record in records:
@@ -80,6 +83,7 @@ def _summarize_group(mode: str, method: str, category: str, rows: list[dict]) ->
         "acceptance_by_position": acceptance_by_position(rounds),
         "identical": sum(exactness) if exactness else None,
         "identical_of": len(exactness),
+        **summarize_divergences(row.get("first_divergence") for row in rows),
         "peak_memory_bytes": max(memory) if memory else None,
     }
 
@@ -113,6 +117,29 @@ def markdown_table(summary: Sequence[dict[str, Any]], mode: str) -> str:
                 f"{identical} | {_fmt(memory, 1)} |"
             )
     return "\n".join(lines)
+
+
+def divergence_table(summary: Sequence[dict[str, Any]], mode: str) -> str:
+    """Per method (all categories), the identity rate and the target's logit margins at the first divergences."""
+    lines = ["| method | identical | divergences | margin max | margin median | top-1 logit max |",
+             "| --- | :---: | ---: | ---: | ---: | ---: |"]
+    for row in summary:
+        if row["mode"] == mode and row["category"] == ALL_CATEGORIES and row.get("divergences"):
+            lines.append(f"| {row['method']} | {row['identical']}/{row['identical_of']} | {row['divergences']} | "
+                         f"{_fmt(row['divergence_margin_max'], 3)} | {_fmt(row['divergence_margin_median'], 3)} | "
+                         f"{_fmt(row['divergence_top1_logit_max'])} |")
+    return "\n".join(lines) if len(lines) > 2 else ""
+
+
+def _exactness_note(target_dtype: str | None) -> str:
+    if target_dtype in (None, "float32"):
+        return ("In float32 every greedy output must equal target-only's token for token; a divergence below is a "
+                "bug.")
+    return (f"In {target_dtype} each committed token is the argmax of the target's own verification forward, but a "
+            "forward over k tokens rounds differently from k one-token forwards, so outputs may part from "
+            "one-token decoding where the target's top two logits (nearly) tie. At each output's first divergence: "
+            "the target's top-1 minus top-2 logit (one teacher-forced forward over target-only's output, in the "
+            "run's dtype) and the top-1 logit, which sets the spacing of representable values.")
 
 
 def _loads(values: Sequence[float] | None) -> str:
@@ -153,6 +180,8 @@ def markdown_report(results: dict[str, Any]) -> str:
         "- versions: " + ", ".join(f"{name} {version}" for name, version in versions.items()),
         f"- {settings['num_prompts']} prompts, max {settings['max_new_tokens']} new tokens, "
         f"seed {settings['seed']}, chat template: {settings['use_chat_template']}",
+        f"- target dtype: {settings.get('target_dtype', settings.get('dtype'))}, drafter dtype: "
+        f"{settings.get('drafter_dtype')} (speed-ups and identity are against target-only in the same dtype)",
         "",
         "tok/s: generated tokens / wall seconds (pooled); speed-up: geometric mean over prompts of tok/s ÷ target-only "
         "tok/s on the same prompt; tau: tokens committed per target forward (DSpark: per draft-and-verify round); "
@@ -161,6 +190,11 @@ def markdown_report(results: dict[str, Any]) -> str:
     ]
     for mode in settings["modes"]:
         lines += ["", f"## {mode}", "", markdown_table(results["summary"], mode)]
+        divergences = divergence_table(results["summary"], mode)
+        if divergences:
+            target_dtype = settings.get("target_dtype", settings.get("dtype"))
+            lines += ["", f"### Divergences from target-only ({mode})", "", _exactness_note(target_dtype), "",
+                      divergences]
     if results.get("skipped_methods"):
         lines += ["", "## Skipped methods", ""]
         lines += [f"- `{name}`: {reason}" for name, reason in results["skipped_methods"].items()]
