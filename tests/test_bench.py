@@ -320,10 +320,16 @@ def test_speed_profile_must_be_measured_in_the_target_dtype(tmp_path, monkeypatc
     (folder / PROFILE_FILE_NAME).write_text(json.dumps(profile))
     with pytest.raises(ValueError, match="--sps .*measured with the target in bfloat16.*--target_dtype bfloat16"):
         bench_module.speed_profile(str(folder), None, target, drafter)
-    # the drafter folder's profile is only a default: the one the library's default policy measures here replaces it
-    monkeypatch.setattr(bench_module, "steps_per_second_here", lambda *args: ({1: 9.0}, tmp_path / "here.json"))
-    assert bench_module.speed_profile(None, str(folder), target, drafter) == str(tmp_path / "here.json")
-    profile["settings"]["dtype"] = "torch.float32"
+    # without --sps, the profile the library's default policy uses: the drafter folder's only if it was measured on
+    # this machine in the target's dtype, else one measured here (cached)
+    monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))
+    drafter.name_or_path = str(folder)
+    measured_here = bench_module.speed_profile(None, str(folder), target, drafter)
+    assert measured_here.startswith(str(tmp_path / "cache"))
+    from dspark_hf.profiling import profile_steps_per_second
+
+    profile = profile_steps_per_second(target, max_tokens=drafter.config.block_size + 1, context_length=8, warmup=0,
+                                       repeats=1)
     (folder / PROFILE_FILE_NAME).write_text(json.dumps(profile))
     assert bench_module.speed_profile(None, str(folder), target, drafter) == str(folder / PROFILE_FILE_NAME)
 

@@ -396,18 +396,17 @@ def profile_path(sps: str | None, drafter_spec: str | None) -> str | None:
 
 def speed_profile(sps: str | None, drafter_spec: str | None, target: PreTrainedModel,
                   drafter: DSparkDrafter | None) -> str | None:
-    """The profile for `hardware_aware`, measured in the target's dtype: `--sps` (refused when measured in another
-    dtype), else the drafter folder's when it is, else the one the library's default policy uses here (measured once
-    in this dtype and cached), else `None`."""
-    path = profile_path(sps, drafter_spec)
-    mismatch = profile_dtype_mismatch(path, target.dtype) if path else None
-    if mismatch and sps:
-        raise ValueError(f"--sps {sps}: {mismatch}.")
-    if mismatch and drafter is not None:
-        print(f"dspark-hf bench: not using {path}: {mismatch}; using this machine's profile in the target's dtype",
-              file=sys.stderr)
+    """The profile for `hardware_aware`: `--sps` (refused when measured in another dtype), else the one the library's
+    default policy uses (`steps_per_second_here`: the drafter folder's when it was measured on this kind of machine in
+    the target's dtype, else one measured here once and cached), else `None`."""
+    if sps:
+        mismatch = profile_dtype_mismatch(sps, target.dtype)
+        if mismatch:
+            raise ValueError(f"--sps {sps}: {mismatch}.")
+        return sps
+    if drafter is not None and drafter.confidence_head is not None:
         return str(steps_per_second_here(target, drafter)[1])
-    return path
+    return profile_path(None, drafter_spec)
 
 
 def _policy_kwargs(args: argparse.Namespace, sps: str | None) -> dict[str, dict[str, Any]]:
