@@ -485,7 +485,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
             # eager-style kernels add the mask to the scores
             attention_mask = torch.zeros_like(attention_mask, dtype=inputs_embeds.dtype).masked_fill(
                 ~attention_mask, torch.finfo(inputs_embeds.dtype).min)
-        context_key_values = self._extend_context(target_hidden_states, context_position_ids, cache)
+        context_key_values = self.extend_context(target_hidden_states, context_position_ids, cache)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden_states = inputs_embeds
         for layer, layer_context in zip(self.layers, context_key_values):
@@ -534,14 +534,26 @@ class DSparkDrafter(DSparkPreTrainedModel):
             logits = logits + bias.float()
         return self.to_target_vocabulary(logits), state
 
-    def _extend_context(
+    def extend_context(
         self,
         target_hidden_states: torch.Tensor | None,
         context_position_ids: torch.LongTensor | None,
         cache: DynamicCache | None,
     ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
         """Projects new target features once (`fc`, `hidden_norm`, per-layer `k/v_proj`, RoPE) and returns each
-        layer's full context K/V (cached + new)."""
+        layer's full context K/V (cached + new). `forward` calls it; the batched engine calls it alone to ingest the
+        context of rounds that do not draft.
+
+        Args:
+            target_hidden_states (`torch.Tensor` of shape `(batch, ctx, len(target_layer_ids) * hidden)`, *optional*):
+                target features of context positions new to `cache` (`None` or `ctx == 0`: nothing new).
+            context_position_ids (`torch.LongTensor` of shape `(batch, ctx)`, *optional*): their absolute positions.
+            cache ([`DynamicCache`], *optional*): the drafter's context K/V, extended in place.
+
+        Returns:
+            `list` with one `(keys, values)` pair of shape `(batch, kv_heads, cached_ctx + ctx, head_dim)` per draft
+            layer (`None` per layer when there is no context at all).
+        """
         num_layers = len(self.layers)
         if target_hidden_states is None or target_hidden_states.shape[1] == 0:
             if cache is None or cache.get_seq_length() == 0:

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
-from transformers.generation.utils import _speculative_sampling
 
+from .._transformers_compat import speculative_sampling
 from ..modeling_dspark import DSparkDrafter
 from ..scheduling import drafted_step_throughput, expected_tokens_by_width, plan_is_settled
 from . import cache_ops
@@ -221,7 +221,7 @@ class DSparkBatchEngine:
 
     def _ingest(self, cache: DynamicCache, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Appends the drafter's context K/V for new slots (masked slots included, as holes)."""
-        self.drafter._extend_context(features.to(self.drafter.device), positions.to(self.drafter.device), cache)
+        self.drafter.extend_context(features.to(self.drafter.device), positions.to(self.drafter.device), cache)
 
     # --- admission (prefill + merge) ----------------------------------------------------------------------------
 
@@ -463,8 +463,8 @@ class DSparkBatchEngine:
         if self.do_sample and length > 0:
             candidates = torch.cat([torch.tensor([sequence], device=self.device), verify_ids[row:row + 1, 1:1 + length]],
                                    dim=1)
-            tokens, num_accepted = _speculative_sampling(candidates, draft.logits[row:row + 1, :length], length,
-                                                         target_logits[None])
+            tokens, num_accepted = speculative_sampling(candidates, draft.logits[row:row + 1, :length], length,
+                                                        target_logits[None])
             return tokens[0].tolist(), int(num_accepted)
         choices = self._sample(target_logits)
         drafts = verify_ids[row, 1:1 + length]
