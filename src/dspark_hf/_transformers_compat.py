@@ -36,6 +36,7 @@ from transformers.generation.utils import GenerationMixin, _speculative_sampling
 from transformers import AutoModel, AutoModelForCausalLM, GenerationConfig
 from transformers.utils import logging
 
+from . import registry
 from .generation.policies import policy_for_call
 
 
@@ -218,9 +219,6 @@ def _make_auto_from_pretrained(original):
 
     @functools.wraps(original)
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
-        from .configuration_dspark import DSPARK_ARCHITECTURES
-        from .modeling_dspark import DSparkDrafter
-
         config = kwargs.get("config")
         if config is None or isinstance(config, str):
             try:
@@ -231,13 +229,9 @@ def _make_auto_from_pretrained(original):
                 )
             except (OSError, ValueError):
                 config_dict = {}
-            architecture = (config_dict.get("architectures") or [None])[0]
-            if architecture in DSPARK_ARCHITECTURES:
-                return DSparkDrafter.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
-            if architecture == "Gemma4DSparkModel":
-                from .modeling_dspark_gemma4 import DSparkGemma4Drafter
-
-                return DSparkGemma4Drafter.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+            drafter_class = registry.drafter_class((config_dict.get("architectures") or [None])[0])
+            if drafter_class is not None:
+                return drafter_class.from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
         return original(cls, pretrained_model_name_or_path, *model_args, **kwargs)
 
     return classmethod(from_pretrained)

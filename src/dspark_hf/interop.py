@@ -32,12 +32,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .configuration_dspark import MARKOV_HEAD_TYPES
+from .registry import DRAFTER_ARCHITECTURES, architectures_of
+from .registry import drafter_family as drafter_variant
 
-
-QWEN3_ARCHITECTURE = "Qwen3DSparkModel"
-GEMMA4_ARCHITECTURE = "Gemma4DSparkModel"
-# architectures[0] -> (variant, model_type written on disk)
-VARIANTS = {QWEN3_ARCHITECTURE: ("qwen3", "qwen3"), GEMMA4_ARCHITECTURE: ("gemma4", "gemma4_text")}
 
 _REQUIRED_KEYS = (
     "architectures", "model_type", "num_hidden_layers", "num_target_layers", "layer_types", "tie_word_embeddings",
@@ -63,21 +60,6 @@ _FORBIDDEN_KEYS = {
 _SAFETENSORS_DTYPES = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 # Integer / boolean tensors of a reduced draft vocabulary; the config's dtype is about the float weights.
 _INDEX_TENSORS = ("d2t", "t2d")
-
-
-def drafter_variant(config: Mapping[str, Any]) -> str:
-    """``"qwen3"`` or ``"gemma4"``, from a drafter config's ``architectures[0]`` (else its ``model_type``)."""
-    architecture = (config.get("architectures") or [None])[0]
-    if architecture in VARIANTS:
-        return VARIANTS[architecture][0]
-    if architecture == "DSparkDraftModel" or config.get("model_type") in ("qwen3", "dspark"):
-        return "qwen3"
-    if config.get("model_type") in ("gemma4_text", "dspark_gemma4"):
-        return "gemma4"
-    raise ValueError(
-        f"Not a DSpark drafter config: architectures={config.get('architectures')}, "
-        f"model_type={config.get('model_type')!r} (expected {list(VARIANTS)})."
-    )
 
 
 def _attention_shape(config: Mapping[str, Any]) -> tuple[int, int, int, bool]:
@@ -169,8 +151,8 @@ def config_problems(config: Mapping[str, Any], *, for_vllm: bool = False) -> lis
         variant = drafter_variant(config)
     except ValueError as error:
         return [str(error)]
-    architecture = QWEN3_ARCHITECTURE if variant == "qwen3" else GEMMA4_ARCHITECTURE
-    model_type = VARIANTS[architecture][1]
+    architecture = architectures_of(variant)[0]
+    model_type = DRAFTER_ARCHITECTURES[architecture].model_type
     required = (*_REQUIRED_KEYS, *_REQUIRED_BY_VARIANT[variant])
     problems = [f"missing key {key!r}" for key in required if key not in config]
     problems += [f"key {key!r} must not be written ({why})" for key, why in _FORBIDDEN_KEYS.items() if key in config]
@@ -406,7 +388,7 @@ def synthetic_config(
     config = _qwen3_inherited_keys() if variant == "qwen3" else _gemma4_inherited_keys()
     config.update(shapes)
     config.update(
-        architectures=[QWEN3_ARCHITECTURE if variant == "qwen3" else GEMMA4_ARCHITECTURE],
+        architectures=[architectures_of(variant)[0]],
         num_hidden_layers=num_hidden_layers,
         layer_types=["full_attention"] * num_hidden_layers,
         tie_word_embeddings=False,

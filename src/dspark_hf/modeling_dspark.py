@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import logging as stdlib_logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen3.modeling_qwen3 import (
@@ -243,6 +245,33 @@ class DSparkPreTrainedModel(PreTrainedModel):
 VOCABULARY_TENSORS = ("embed_tokens.weight", "lm_head.weight")
 
 
+@dataclass(frozen=True)
+class DSparkLayers:
+    """What differs between drafter families: the modules [`DSparkDrafter`] builds its tree from. The tree, the
+    tensor names, the heads and the forward pass are shared.
+
+    decoder_layer (`type`): a draft layer, called `(config, layer_idx)`; it carries the family's attention variant.
+    norm (`type`): the RMSNorm of `hidden_norm` and `norm`, called `(hidden_size, eps=rms_norm_eps)`.
+    rotary_embedding (`type`): called `(config)`, then `(states, position_ids) -> (cos, sin)`.
+    embedding (`Callable`): builds `embed_tokens` from the config (a family may scale the embedding at run time).
+    """
+
+    decoder_layer: type[nn.Module]
+    norm: type[nn.Module]
+    rotary_embedding: type[nn.Module]
+    embedding: Callable[[PreTrainedConfig], nn.Module]
+
+
+def _unscaled_embedding(config: PreTrainedConfig) -> nn.Embedding:
+    return nn.Embedding(config.vocab_size, config.hidden_size)
+
+
+QWEN3_LAYERS = DSparkLayers(
+    decoder_layer=DSparkDecoderLayer, norm=Qwen3RMSNorm, rotary_embedding=Qwen3RotaryEmbedding,
+    embedding=_unscaled_embedding,
+)
+
+
 class DSparkDrafter(DSparkPreTrainedModel):
     """The DSpark drafter (``Qwen3DSparkModel`` in the official layout).
 
@@ -260,15 +289,18 @@ class DSparkDrafter(DSparkPreTrainedModel):
     ```
     """
 
+    # The modules of this drafter family; a family's subclass sets its own (see `DSparkGemma4Drafter`).
+    family_layers: ClassVar[DSparkLayers] = QWEN3_LAYERS
+
     def __init__(self, config: DSparkConfig):
         super().__init__(config)
-        hidden = config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        hidden, family = config.hidden_size, self.family_layers
+        self.embed_tokens = family.embedding(config)
         self.fc = nn.Linear(config.num_context_features, hidden, bias=False)
-        self.hidden_norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
-        self.layers = nn.ModuleList([DSparkDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
-        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.hidden_norm = family.norm(hidden, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList([family.decoder_layer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = family.norm(hidden, eps=config.rms_norm_eps)
+        self.rotary_emb = family.rotary_embedding(config)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size or config.vocab_size, bias=False)
         self.markov_head = DSparkMarkovHead(config) if config.markov_rank > 0 else None
         self.confidence_head = DSparkConfidenceHead(config) if config.enable_confidence_head else None
@@ -655,6 +687,7 @@ def _select_output_rows(linear: nn.Linear, rows: torch.LongTensor) -> nn.Linear:
 
 __all__ = [
     "DSparkDrafter",
+    "DSparkLayers",
     "DSparkPreTrainedModel",
     "DSparkDrafterOutput",
     "DSparkMarkovHead",
