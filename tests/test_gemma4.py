@@ -11,14 +11,7 @@ from transformers import AutoModel, Gemma4Config
 from dspark_hf import hub, interop, testing
 from dspark_hf.modeling_dspark_gemma4 import DSparkGemma4Config, DSparkGemma4Drafter, softcap_logits
 
-from test_hub import (  # shared helpers; `modules_cache` is a fixture
-    PROMPT,
-    assert_round_trip_is_byte_identical,
-    count_forwards,
-    load_generate_module,
-    modules_cache,  # noqa: F401
-    predictable_pair,
-)
+from test_hub import PROMPT, assert_round_trip_is_byte_identical, count_forwards, load_generate_module, predictable_pair
 
 
 def test_official_config_round_trips_exactly(tmp_path):

@@ -310,15 +310,6 @@ def test_push_command_binds_a_compact_drafter_to_target(tmp_path):
 # --- custom_generate: DSpark for users without dspark-hf -------------------------------------------------------------
 
 
-@pytest.fixture
-def modules_cache(tmp_path, monkeypatch):
-    """Keeps transformers' dynamic-module copies of custom_generate/generate.py inside tmp_path."""
-    import transformers.dynamic_module_utils as dynamic_module_utils
-
-    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
-    monkeypatch.setattr(sys, "path", list(sys.path))
-
-
 def load_generate_module():
     spec = importlib.util.spec_from_file_location("dspark_custom_generate", GENERATE_PY)
     module = importlib.util.module_from_spec(spec)

@@ -118,16 +118,6 @@ def test_custom_generate_runs_a_reduced_checkpoint(tmp_path):
     assert torch.equal(output, expected)
 
 
-@pytest.fixture
-def modules_cache(tmp_path, monkeypatch):
-    import sys
-
-    import transformers.dynamic_module_utils as dynamic_module_utils
-
-    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
-    monkeypatch.setattr(sys, "path", list(sys.path))
-
-
 def test_reducing_twice_keeps_a_subset_and_refuses_dropped_ids():
     _, full, drafter, kept = _reduced_pair(markov_rank=8)
     smaller = kept[::2]
