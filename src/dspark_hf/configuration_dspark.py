@@ -1,7 +1,8 @@
 """Configuration of the DSpark drafter, in the official DeepSpec checkpoint layout.
 
 The official checkpoints (``deepseek-ai/dspark_qwen3_*_block7``) store a copy of the target's Qwen3 config with the
-draft keys added, ``model_type: "qwen3"`` and ``architectures: ["Qwen3DSparkModel"]`` (spec section 1). This class
+draft keys added, ``model_type: "qwen3"`` and ``architectures: ["Qwen3DSparkModel"]`` (docs/design.md, "Checkpoint
+layout"). This class
 parses exactly that JSON and writes it back, so DeepSpec, vLLM and SGLang load what we save.
 """
 
@@ -35,7 +36,8 @@ _OPTIONAL_KEYS = ("confidence_temperatures", "target_model_type", "target_text_m
 
 @dataclass(kw_only=True)
 class DSparkKeys:
-    """The DSpark keys of every drafter config (spec section 1), shared by [`DSparkConfig`] and the Gemma4 variant;
+    """The DSpark keys of every drafter config (docs/design.md, "Checkpoint layout"), shared by [`DSparkConfig`] and the
+    Gemma4 variant;
     documented in [`DSparkConfig`]. A dataclass mixin, so each config stays one strict, flat dataclass."""
 
     block_size: int = 7
@@ -207,7 +209,8 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
     markov_rank (`int`, defaults to 64):
         Rank r of the Markov transition bias ``W2 · W1[x_{k-1}]``; 0 disables the head (the DFlash ablation).
     markov_head_type (`str`, defaults to `"vanilla"`):
-        One of ``"vanilla"``, ``"gated"``, ``"rnn"`` (spec section 3.7). vLLM/SGLang serve ``"vanilla"`` only.
+        One of ``"vanilla"``, ``"gated"``, ``"rnn"`` (docs/design.md, "Markov head and drafting"). vLLM/SGLang serve
+        ``"vanilla"`` only.
     enable_confidence_head (`bool`, defaults to `True`):
         Whether the drafter has the confidence head ``c_k = σ(proj([h_k ; W1[x_{k-1}]]))``.
     confidence_head_with_markov (`bool`, defaults to `True`):
@@ -242,7 +245,7 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
 
     def __post_init__(self, **kwargs):
         # Draft layers see context and block bidirectionally: a sliding-window layer would make vLLM build a causal
-        # SWA layer (spec section 1), so every layer is full attention whatever the target uses.
+        # SWA layer (docs/design.md, "Checkpoint layout"), so every layer is full attention whatever the target uses.
         self.use_sliding_window = False
         self.layer_types = ["full_attention"] * self.num_hidden_layers
         if self.target_layer_ids is None:

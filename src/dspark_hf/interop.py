@@ -1,7 +1,7 @@
 """Interoperability with the official DSpark tooling (DeepSpec, vLLM, SGLang).
 
 - **The checkpoint spec as data**: [`expected_tensor_shapes`] and [`config_problems`] encode the tables of
-  ``dspark-checkpoint-spec.md`` sections 1-2; [`check_checkpoint`] checks a saved folder against them (exact tensor
+  ``docs/design.md``, "Checkpoint layout"; [`check_checkpoint`] checks a saved folder against them (exact tensor
   names, shapes and dtypes, required / conditional / forbidden config keys) without loading any weights.
 - **vLLM weight names**: [`to_vllm_state_dict`] renames and fuses a drafter state dict the way vLLM's
   ``qwen3_dspark.py`` / ``gemma4_dspark.py`` ``load_weights`` do (``model.`` prefix except ``lm_head``, ``q/k/v_proj``
@@ -71,7 +71,7 @@ def _attention_shape(config: Mapping[str, Any]) -> tuple[int, int, int, bool]:
 
 
 def expected_tensor_shapes(config: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:
-    """Every tensor of a checkpoint in the official layout, with its shape (spec section 2).
+    """Every tensor of a checkpoint in the official layout, with its shape (docs/design.md, "Checkpoint layout").
 
     Args:
         config (`Mapping`): the drafter's ``config.json`` as a dict (or ``PreTrainedConfig.to_dict()``).
@@ -138,7 +138,8 @@ def _head_shapes(config: Mapping[str, Any], vocab: int, hidden: int, rank: int) 
 
 
 def config_problems(config: Mapping[str, Any], *, for_vllm: bool = False) -> list[str]:
-    """What in a drafter ``config.json`` dict departs from the official layout (spec section 1); empty if nothing.
+    """What in a drafter ``config.json`` dict departs from the official layout (docs/design.md, "Checkpoint layout");
+    empty if nothing.
 
     Args:
         config (`Mapping`): the parsed ``config.json``.

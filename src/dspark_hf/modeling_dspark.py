@@ -1,6 +1,7 @@
 """The DSpark drafter: a parallel block drafter over target features, with a Markov head and a confidence head.
 
-Module tree and tensor names follow the official checkpoint layout (spec section 2) with no prefix: ``embed_tokens``,
+Module tree and tensor names follow the official checkpoint layout (docs/design.md, "Checkpoint layout") with no prefix:
+``embed_tokens``,
 ``fc``, ``hidden_norm``, ``layers.{i}``, ``norm``, ``lm_head``, ``markov_head.markov_w{1,2}``,
 ``confidence_head.proj``. The draft layers reuse transformers' Qwen3 modules; only the attention's key/value source
 (target context + block, bidirectional) is DSpark's own.
@@ -47,7 +48,7 @@ class DSparkAttention(Qwen3Attention):
 
     The context K/V (`k_norm(k_proj(C))`, `v_proj(C)`, RoPE at the context positions) are computed once per context
     token by [`DSparkAttention.context_key_values`] and kept in the drafter's cache; block queries attend to all of
-    them and to every block key, with no causal mask (spec section 3.5).
+    them and to every block key, with no causal mask (docs/design.md, "Forward pass").
     """
 
     def __init__(self, config: DSparkConfig, layer_idx: int):
@@ -130,7 +131,8 @@ class DSparkDecoderLayer(Qwen3DecoderLayer):
 
 
 class DSparkMarkovHead(nn.Module):
-    """Low-rank transition bias on the draft logits, conditioned on the previously drafted token (spec 3.7).
+    """Low-rank transition bias on the draft logits, conditioned on the previously drafted token (docs/design.md,
+    "Markov head and drafting").
 
     - vanilla: ``bias = W2 · W1[prev]``
     - gated: ``bias = W2 · (σ(gate_proj([h ; W1[prev]])) ⊙ W1[prev])``

@@ -1,7 +1,8 @@
 """The Gemma4 DSpark drafter: ``Gemma4DSparkModel`` in the official layout (``deepseek-ai/dspark_gemma4_12b_block7``).
 
 Same drafting scheme as [`DSparkDrafter`] (context projection, anchor-first block, bidirectional block attention over
-cached context K/V, Markov and confidence heads), with Gemma4's layers (spec sections 1-3):
+cached context K/V, Markov and confidence heads), with Gemma4's layers (docs/design.md, "Checkpoint layout" and "Forward
+pass"):
 
 - the config is the target's ``Gemma4TextConfig`` plus the DSpark keys, written with ``model_type: "gemma4_text"``;
 - the embedding is scaled by ``√hidden_size`` at run time (the stored weight is raw);
@@ -127,7 +128,8 @@ GEMMA4_LAYERS = DSparkLayers(
 class DSparkGemma4Drafter(DSparkDrafter):
     """The Gemma4 DSpark drafter (``Gemma4DSparkModel``): [`DSparkDrafter`] with Gemma4 layers.
 
-    The tensor names follow the official layout (spec section 2): ``embed_tokens``, ``fc``, ``hidden_norm``,
+    The tensor names follow the official layout (docs/design.md, "Checkpoint layout"): ``embed_tokens``, ``fc``,
+    ``hidden_norm``,
     ``layers.{i}`` (with ``pre/post_feedforward_layernorm`` and the ``layer_scalar`` buffer, no ``v_proj`` under
     ``attention_k_eq_v``), ``norm``, ``lm_head``, ``markov_head.*``, ``confidence_head.proj``.
 
@@ -158,7 +160,7 @@ class DSparkGemma4Drafter(DSparkDrafter):
 
     def draft_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Soft-capped like the target's (``final_logit_softcapping``); the Markov bias is added after the cap
-        (spec 3.7)."""
+        (docs/design.md, "Markov head and drafting")."""
         return softcap_logits(self.lm_head(hidden_states), self.config.final_logit_softcapping)
 
 

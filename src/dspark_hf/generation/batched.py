@@ -40,7 +40,8 @@ def plan_verification_width(
     draft_seconds: float = 0.0,
     early_stop: bool = False,
 ) -> int:
-    """The production scheduler of spec 5.3 for a padded batch: the verification width (1 + drafts per row) that
+    """The production scheduler (docs/design.md, "Production scheduler") for a padded batch: the verification width (1 +
+    drafts per row) that
     maximizes ``(R + Σ_r Σ_{j < width} a_stale_rj) · speed(width)``, by global search over every width.
 
     The search sees the whole jagged speed curve (a CPU's 2-3x cliff between 1 and 2 tokens defeats the early-stopping
@@ -417,7 +418,8 @@ class DSparkBatchEngine:
                                        self.drafter.config.block_size + 1, early_stop=True)
 
     def _planned_width(self) -> int:
-        """Hardware-aware width for this round from the rows' stale confidences and the drafting cost (spec 5.3)."""
+        """Hardware-aware width for this round from the rows' stale confidences and the drafting cost (docs/design.md,
+        "Production scheduler")."""
         rows = len(self.active)
         prior = self._prior_confidences() if any(not r.last_confidences for r in self.active) else None
         stale = [self.policy.corrected(r.last_confidences or prior) for r in self.active]
