@@ -188,9 +188,8 @@ class HardwareAwarePolicy(VerificationPolicy):
             forecast of it. With w > 0 the plan reads ``w · S + (1 - w) · a`` (``S`` the running average over earlier
             observed rounds of this generation, ``a`` the last round's survival); slots a round did not observe (its
             plan had settled) continue its last confidence. 0 plans from the last round alone, as docs/design.md,
-            "Production scheduler", states
-            (on the embedded default 0.5 was ahead by 1-2% or tied in four same-run comparisons; README). Plans stay
-            built from finished rounds only, so any value is lossless. Batch 1 only: the batched engine plans from
+            "Production scheduler", states (the README's benchmarks compare the two). Plans stay built from finished
+            rounds only, so any value is lossless. Batch 1 only: the batched engine plans from
             every row's last round, whose sum over rows already averages.
     """
 
@@ -299,7 +298,7 @@ class HardwareAwarePolicy(VerificationPolicy):
         profile `profiled(width)` scaled by how much faster or slower than profiled this many rows decode now.
 
         A profile is measured once, at one context length, on an idle machine; the steps the engine actually runs
-        (longer caches with holes, other load) can cost 30% more, and not uniformly across widths. Measured sizes
+        (longer caches with holes, other load) can cost markedly more, and not uniformly across widths. Measured sizes
         replace the guess, so a plan that does not pay on the live machine stops being chosen."""
         measured = self._step_seconds.get((rows, width))
         if measured is not None:
