@@ -72,3 +72,14 @@ def target():
 @pytest.fixture
 def drafter(target):
     return make_drafter(target)
+
+
+@pytest.fixture
+def modules_cache(tmp_path, monkeypatch):
+    """Keeps transformers' dynamic-module copies of custom_generate/generate.py inside tmp_path."""
+    import sys
+
+    import transformers.dynamic_module_utils as dynamic_module_utils
+
+    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
+    monkeypatch.setattr(sys, "path", list(sys.path))

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dspark_hf import DSparkConfig, DSparkDrafter, interop
+from dspark_hf import DSparkConfig, DSparkDrafter, interop, testing
 
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
@@ -17,7 +17,7 @@ YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 
 @pytest.fixture
 def yarn_v4_checkpoint(tmp_path):
     """An official-layout drafter whose config.json spells RoPE the v4 way: `rope_theta` beside `rope_scaling`."""
-    path = interop.write_synthetic_checkpoint(tmp_path / "v4", spelling="v4", rope_scaling=YARN)
+    path = testing.write_synthetic_checkpoint(tmp_path / "v4", spelling="v4", rope_scaling=YARN)
     written = json.loads((path / "config.json").read_text())
     assert written["rope_theta"] == 1e6 and "rope_parameters" not in written
     return path
@@ -30,7 +30,7 @@ def test_v4_rope_theta_and_rope_scaling_are_both_kept(yarn_v4_checkpoint):
 
 
 def test_oldest_rope_scaling_spelling_names_its_type():
-    config = interop.synthetic_config("qwen3", spelling="v4", rope_scaling={"type": "linear", "factor": 2.0})
+    config = testing.synthetic_config("qwen3", spelling="v4", rope_scaling={"type": "linear", "factor": 2.0})
     assert DSparkConfig.from_dict(config).rope_parameters == {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6}
 
 
@@ -45,7 +45,7 @@ def test_yarn_config_round_trips(yarn_v4_checkpoint, tmp_path):
 
 def test_drafter_rotary_embedding_is_yarn_at_the_configured_theta(yarn_v4_checkpoint):
     rotary = DSparkDrafter.from_pretrained(yarn_v4_checkpoint).rotary_emb
-    head_dim = 16  # interop.SYNTHETIC_SHAPES["qwen3"]
+    head_dim = 16  # testing.SYNTHETIC_SHAPES["qwen3"]
     default = 1e6 ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     # YaRN with theta 1e6, head_dim 16 and 4096 original positions keeps the two fastest frequencies and divides
     # the slowest ones (dimension pairs 4 to 7) by the factor; it also scales attention by 0.1 ln(factor) + 1.

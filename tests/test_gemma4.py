@@ -8,21 +8,14 @@ import pytest
 import torch
 from transformers import AutoModel, Gemma4Config
 
-from dspark_hf import hub, interop
+from dspark_hf import hub, interop, testing
 from dspark_hf.modeling_dspark_gemma4 import DSparkGemma4Config, DSparkGemma4Drafter, softcap_logits
 
-from test_hub import (  # shared helpers; `modules_cache` is a fixture
-    PROMPT,
-    assert_round_trip_is_byte_identical,
-    count_forwards,
-    load_generate_module,
-    modules_cache,  # noqa: F401
-    predictable_pair,
-)
+from test_hub import PROMPT, assert_round_trip_is_byte_identical, count_forwards, load_generate_module, predictable_pair
 
 
 def test_official_config_round_trips_exactly(tmp_path):
-    path = interop.write_synthetic_checkpoint(tmp_path, variant="gemma4")
+    path = testing.write_synthetic_checkpoint(tmp_path, variant="gemma4")
     original = json.loads((path / "config.json").read_text())
     config = DSparkGemma4Config.from_pretrained(path)
     written = json.loads(config.to_json_string())
@@ -35,7 +28,7 @@ def test_official_config_round_trips_exactly(tmp_path):
 
 
 def test_official_checkpoint_loads_with_gemma4_modules(tmp_path):
-    path = interop.write_synthetic_checkpoint(tmp_path, variant="gemma4", num_shards=2)
+    path = testing.write_synthetic_checkpoint(tmp_path, variant="gemma4", num_shards=2)
     drafter = DSparkGemma4Drafter.from_pretrained(path)
     assert drafter.dtype == torch.bfloat16
     attention = drafter.layers[0].self_attn
@@ -51,7 +44,7 @@ def test_official_checkpoint_loads_with_gemma4_modules(tmp_path):
 @pytest.mark.parametrize("k_eq_v", [True, False])
 @torch.no_grad()
 def test_forward_matches_the_standalone_reference(tmp_path, k_eq_v):
-    path = interop.write_synthetic_checkpoint(tmp_path, variant="gemma4", dtype="float32", attention_k_eq_v=k_eq_v)
+    path = testing.write_synthetic_checkpoint(tmp_path, variant="gemma4", dtype="float32", attention_k_eq_v=k_eq_v)
     drafter = DSparkGemma4Drafter.from_pretrained(path).eval()
     assert (drafter.layers[0].self_attn.v_proj is None) is k_eq_v
     standalone = load_generate_module().DSparkStandaloneDrafter(str(path), "cpu", torch.float32)
@@ -66,7 +59,7 @@ def test_forward_matches_the_standalone_reference(tmp_path, k_eq_v):
 
 @torch.no_grad()
 def test_logits_are_soft_capped():
-    config = DSparkGemma4Config.from_dict(interop.synthetic_config("gemma4", dtype="float32"))
+    config = DSparkGemma4Config.from_dict(testing.synthetic_config("gemma4", dtype="float32"))
     drafter = DSparkGemma4Drafter(config).eval()
     drafter.lm_head.weight.mul_(1e4)
     output = drafter(input_ids=torch.tensor([[7, 4, 4]]), target_hidden_states=torch.randn(1, 2, 320),
@@ -113,13 +106,13 @@ def test_drafts_for_a_gemma4_target_with_dspark_hf_and_custom_generate(tmp_path)
 
 @pytest.mark.parametrize("dflash", [False, True])
 def test_official_checkpoint_round_trips_byte_identically(tmp_path, dflash):
-    source = interop.write_synthetic_checkpoint(tmp_path / "official", variant="gemma4", dflash=dflash, num_shards=2)
+    source = testing.write_synthetic_checkpoint(tmp_path / "official", variant="gemma4", dflash=dflash, num_shards=2)
     DSparkGemma4Drafter.from_pretrained(source).save_pretrained(tmp_path / "saved")
     assert_round_trip_is_byte_identical(source, tmp_path / "saved")
 
 
 def test_from_target_writes_a_conformant_checkpoint(tmp_path):
-    target = interop.synthetic_target("gemma4")
+    target = testing.synthetic_target("gemma4")
     drafter = DSparkGemma4Drafter.from_target(target, num_hidden_layers=2, mask_token_id=4, markov_rank=8)
     config = drafter.config
     assert (config.global_head_dim, config.num_global_key_value_heads) == (32, 1)
@@ -136,7 +129,7 @@ def test_from_target_writes_a_conformant_checkpoint(tmp_path):
 
 
 def test_kv_sharing_of_the_target_does_not_reach_the_draft_layers():
-    config = DSparkGemma4Config.from_dict(interop.synthetic_config("gemma4", num_kv_shared_layers=4, dtype="float32"))
+    config = DSparkGemma4Config.from_dict(testing.synthetic_config("gemma4", num_kv_shared_layers=4, dtype="float32"))
     drafter = DSparkGemma4Drafter(config)
     assert all(layer.self_attn.k_proj is not None for layer in drafter.layers)
     assert json.loads(config.to_json_string())["num_kv_shared_layers"] == 4  # kept as inherited from the target
@@ -148,22 +141,22 @@ def test_kv_sharing_of_the_target_does_not_reach_the_draft_layers():
 )
 def test_unsupported_gemma4_features_are_refused(override, message):
     with pytest.raises(ValueError, match=message):
-        DSparkGemma4Config.from_dict(interop.synthetic_config("gemma4", **override))
+        DSparkGemma4Config.from_dict(testing.synthetic_config("gemma4", **override))
 
 
 def test_non_gemma_targets_are_refused():
     with pytest.raises(ValueError, match="needs a Gemma4 target"):
-        DSparkGemma4Config.from_target_config(interop.synthetic_target("qwen3", num_hidden_layers=2).config)
+        DSparkGemma4Config.from_target_config(testing.synthetic_target("qwen3", num_hidden_layers=2).config)
 
 
 def test_qwen3_layout_is_not_read_as_gemma4(tmp_path):
-    path = interop.write_synthetic_checkpoint(tmp_path, variant="qwen3")
+    path = testing.write_synthetic_checkpoint(tmp_path, variant="qwen3")
     with pytest.raises(ValueError, match="model_type 'gemma4_text'"):
         DSparkGemma4Config.from_pretrained(path)
 
 
 def test_auto_model_loads_the_gemma4_drafter(tmp_path):
-    path = interop.write_synthetic_checkpoint(tmp_path, variant="gemma4")
+    path = testing.write_synthetic_checkpoint(tmp_path, variant="gemma4")
     assert isinstance(AutoModel.from_pretrained(path), DSparkGemma4Drafter)
 
 

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from transformers import AutoModel, BatchEncoding
 
 from conftest import make_drafter, make_target
-from dspark_hf import DSparkDrafter, cli, hub, interop
+from dspark_hf import DSparkDrafter, cli, hub, interop, testing
 from test_training_helpers import char_tokenizer
 
 
@@ -31,11 +31,11 @@ GENERATE_PY = Path(hub.__file__).parent / "templates" / "custom_generate" / "gen
 def predictable_pair(tmp_path, variant="qwen3", dtype="bfloat16", reject=True, **config_kwargs):
     """A bigram target and an official-layout drafter checkpoint that drafts its greedy tokens, except after one
     token of the greedy trajectory (so verification both accepts and rejects)."""
-    target = interop.synthetic_target(variant, predictable=True)
+    target = testing.synthetic_target(variant, predictable=True)
     wrong_after = []
     if reject:
         wrong_after = [int(target.generate(PROMPT, max_new_tokens=4, do_sample=False)[0, -1])]
-    path = interop.write_synthetic_checkpoint(tmp_path / f"drafter-{variant}", variant=variant, target=target,
+    path = testing.write_synthetic_checkpoint(tmp_path / f"drafter-{variant}", variant=variant, target=target,
                                               imitate_target=True, wrong_after=wrong_after, dtype=dtype,
                                               **config_kwargs)  # fmt: skip
     return target, path
@@ -52,8 +52,8 @@ def count_forwards(model):
 
 @pytest.mark.parametrize("spelling, num_shards", [("v5", 1), ("v5", 3), ("v4", 2)])
 def test_official_qwen3_checkpoint_loads_and_drafts(tmp_path, spelling, num_shards):
-    target = interop.synthetic_target("qwen3", predictable=True)
-    path = interop.write_synthetic_checkpoint(tmp_path, variant="qwen3", target=target, spelling=spelling,
+    target = testing.synthetic_target("qwen3", predictable=True)
+    path = testing.write_synthetic_checkpoint(tmp_path, variant="qwen3", target=target, spelling=spelling,
                                               num_shards=num_shards, imitate_target=True)  # fmt: skip
     drafter = DSparkDrafter.from_pretrained(path).eval()
     assert drafter.dtype == torch.bfloat16
@@ -69,8 +69,8 @@ def test_official_qwen3_checkpoint_loads_and_drafts(tmp_path, spelling, num_shar
 
 
 def test_dflash_sibling_loads_without_heads_and_drafts(tmp_path):
-    target = interop.synthetic_target("qwen3")
-    path = interop.write_synthetic_checkpoint(tmp_path, variant="qwen3", dflash=True, target=target)
+    target = testing.synthetic_target("qwen3")
+    path = testing.write_synthetic_checkpoint(tmp_path, variant="qwen3", dflash=True, target=target)
     config = json.loads((path / "config.json").read_text())
     assert config["markov_rank"] == 0
     assert "markov_head_type" not in config and "confidence_head_with_markov" not in config
@@ -103,7 +103,7 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("dflash", [False, True])
 def test_official_qwen3_checkpoint_round_trips_byte_identically(tmp_path, dflash):
-    source = interop.write_synthetic_checkpoint(tmp_path / "official", variant="qwen3", dflash=dflash, num_shards=2)
+    source = testing.write_synthetic_checkpoint(tmp_path / "official", variant="qwen3", dflash=dflash, num_shards=2)
     DSparkDrafter.from_pretrained(source).save_pretrained(tmp_path / "saved")
     assert_round_trip_is_byte_identical(source, tmp_path / "saved")
     saved = json.loads((tmp_path / "saved" / "config.json").read_text())
@@ -147,13 +147,13 @@ def offline_hub_load(tmp_path_factory):
     """Loads two repos by id from a fake Hub cache in a fresh process with HF_HUB_OFFLINE=1."""
     root = tmp_path_factory.mktemp("hub")
     for variant in ("qwen3", "gemma4"):
-        folder = interop.write_synthetic_checkpoint(root / variant, variant=variant, num_shards=2)
+        folder = testing.write_synthetic_checkpoint(root / variant, variant=variant, num_shards=2)
         write_hub_cache(root / "cache", f"org/dspark-{variant}", folder)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(root / "cache"), "HF_HOME": str(root / "home"),
            "TRANSFORMERS_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}  # fmt: skip
     result = subprocess.run([sys.executable, "-c", HUB_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    expected_fc = float(interop.synthetic_state_dict(interop.synthetic_config("qwen3"))["fc.weight"].float().sum())
+    expected_fc = float(testing.synthetic_state_dict(testing.synthetic_config("qwen3"))["fc.weight"].float().sum())
     return json.loads(result.stdout.strip().splitlines()[-1]), expected_fc
 
 
@@ -173,7 +173,7 @@ def test_auto_model_resolves_a_repo_id_to_the_drafter(offline_hub_load):
 
 @pytest.fixture
 def drafter(tmp_path_factory):
-    return DSparkDrafter.from_pretrained(interop.write_synthetic_checkpoint(tmp_path_factory.mktemp("card")))
+    return DSparkDrafter.from_pretrained(testing.write_synthetic_checkpoint(tmp_path_factory.mktemp("card")))
 
 
 def test_model_card_has_metadata_usage_training_and_benchmark(tmp_path, drafter):
@@ -275,7 +275,7 @@ def test_push_refuses_before_creating_the_repo(fake_hub, drafter):
 
 
 def test_push_command(fake_hub, tmp_path):
-    source = interop.write_synthetic_checkpoint(tmp_path / "trained", variant="qwen3")
+    source = testing.write_synthetic_checkpoint(tmp_path / "trained", variant="qwen3")
     args = ["--drafter", str(source), "--repo_id", "org/cli", "--base_model", "org/tiny-target", "--license", "mit",
             "--datasets", "org/chat-responses", "--tags", "tiny"]  # fmt: skip
     assert cli.main(["push", *args]) == 0
@@ -308,15 +308,6 @@ def test_push_command_binds_a_compact_drafter_to_target(tmp_path):
 
 
 # --- custom_generate: DSpark for users without dspark-hf -------------------------------------------------------------
-
-
-@pytest.fixture
-def modules_cache(tmp_path, monkeypatch):
-    """Keeps transformers' dynamic-module copies of custom_generate/generate.py inside tmp_path."""
-    import transformers.dynamic_module_utils as dynamic_module_utils
-
-    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
-    monkeypatch.setattr(sys, "path", list(sys.path))
 
 
 def load_generate_module():
@@ -372,7 +363,7 @@ def test_card_snippet_without_dspark_hf_runs_as_written(tmp_path):
 
 @torch.no_grad()
 def test_standalone_drafter_matches_dspark_drafter(tmp_path):
-    path = interop.write_synthetic_checkpoint(tmp_path, variant="qwen3", dtype="float32", attention_bias=True)
+    path = testing.write_synthetic_checkpoint(tmp_path, variant="qwen3", dtype="float32", attention_bias=True)
     drafter = DSparkDrafter.from_pretrained(path).eval()
     standalone = load_generate_module().DSparkStandaloneDrafter(str(path), "cpu", torch.float32)
     features = torch.randn(1, 9, drafter.config.num_context_features)

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from dspark_hf import DSparkDrafter, interop
+from dspark_hf import DSparkDrafter, interop, testing
 
 from conftest import make_target
 
@@ -61,7 +61,7 @@ def test_gemma4_12b_tensor_table_matches_the_spec():
     ],
 )
 def test_markov_head_variants_add_their_tensors(head_type, extra):
-    shapes = interop.expected_tensor_shapes(interop.synthetic_config(markov_head_type=head_type))
+    shapes = interop.expected_tensor_shapes(testing.synthetic_config(markov_head_type=head_type))
     assert {k: v for k, v in shapes.items() if k in extra} == extra
 
 
@@ -69,7 +69,7 @@ def test_markov_head_variants_add_their_tensors(head_type, extra):
 @pytest.mark.parametrize("dflash", [False, True])
 @pytest.mark.parametrize("num_shards", [1, 3])
 def test_synthetic_official_checkpoints_conform(tmp_path, variant, dflash, num_shards):
-    path = interop.write_synthetic_checkpoint(tmp_path, variant=variant, dflash=dflash, num_shards=num_shards)
+    path = testing.write_synthetic_checkpoint(tmp_path, variant=variant, dflash=dflash, num_shards=num_shards)
     assert interop.check_checkpoint(path, for_vllm=True) == []
     config = json.loads((path / "config.json").read_text())
     assert ("markov_head_type" in config) is not dflash and ("confidence_head_with_markov" in config) is not dflash
@@ -93,18 +93,18 @@ def test_synthetic_official_checkpoints_conform(tmp_path, variant, dflash, num_s
     ],
 )
 def test_config_problems_name_each_departure(change, problem):
-    config = interop.synthetic_config()
+    config = testing.synthetic_config()
     change(config)
     problems = interop.config_problems(config, for_vllm=True)
     assert any(problem in p for p in problems), problems
 
 
 def test_check_checkpoint_names_missing_vocabulary_and_wrong_dtype(tmp_path):
-    config = interop.synthetic_config()
-    tensors = interop.synthetic_state_dict(config)
+    config = testing.synthetic_config()
+    tensors = testing.synthetic_state_dict(config)
     del tensors["lm_head.weight"]
     tensors["fc.weight"] = tensors["fc.weight"].float()
-    path = interop.write_synthetic_checkpoint(tmp_path, config, state_dict=tensors)
+    path = testing.write_synthetic_checkpoint(tmp_path, config, state_dict=tensors)
     problems = interop.check_checkpoint(path)
     assert any("lm_head.weight is missing" in p for p in problems)
     assert any("fc.weight is F32" in p for p in problems)
@@ -187,7 +187,7 @@ def vllm_qwen3_dspark_parameters(config: dict) -> dict[str, tuple[int, ...]]:
 
 
 def test_vllm_names_and_fused_shapes_match_the_qwen3_dspark_loader(tmp_path):
-    path = interop.write_synthetic_checkpoint(tmp_path, variant="qwen3")
+    path = testing.write_synthetic_checkpoint(tmp_path, variant="qwen3")
     drafter = DSparkDrafter.from_pretrained(path)
     config = json.loads((path / "config.json").read_text())
     state = drafter.state_dict()
@@ -204,8 +204,8 @@ def test_vllm_names_and_fused_shapes_match_the_qwen3_dspark_loader(tmp_path):
 
 
 def test_vllm_mapping_of_gemma4_keeps_qkv_and_drops_the_confidence_head():
-    config = interop.synthetic_config("gemma4")
-    mapped = interop.to_vllm_state_dict(interop.synthetic_state_dict(config), config)
+    config = testing.synthetic_config("gemma4")
+    mapped = interop.to_vllm_state_dict(testing.synthetic_state_dict(config), config)
     # gemma4_dspark.py: separate k_proj (no v_proj with k_eq_v), stacked gate_up_proj, confidence head not loaded.
     assert "model.layers.0.self_attn.k_proj.weight" in mapped
     assert "model.layers.0.self_attn.qkv_proj.weight" not in mapped
@@ -215,6 +215,6 @@ def test_vllm_mapping_of_gemma4_keeps_qkv_and_drops_the_confidence_head():
 
 
 def test_vllm_mapping_refuses_markov_heads_vllm_cannot_serve():
-    config = interop.synthetic_config(markov_head_type="gated")
+    config = testing.synthetic_config(markov_head_type="gated")
     with pytest.raises(ValueError, match="only the vanilla Markov head"):
-        interop.to_vllm_state_dict(interop.synthetic_state_dict(config), config)
+        interop.to_vllm_state_dict(testing.synthetic_state_dict(config), config)

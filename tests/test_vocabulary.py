@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import make_drafter, make_target
-from dspark_hf import DSparkDrafter, hub, interop
+from dspark_hf import DSparkDrafter, hub, interop, testing
 from dspark_hf.training.objective import compute_dspark_loss
 from dspark_hf.vocabulary import coverage, main as reduce_vocab_main, select_draft_vocabulary
 
@@ -102,8 +102,8 @@ def test_reduced_checkpoint_follows_the_official_layout_and_maps_to_vllm(tmp_pat
 @pytest.mark.usefixtures("modules_cache")
 def test_custom_generate_runs_a_reduced_checkpoint(tmp_path):
     """The standalone Hub generate.py scatters draft-vocabulary scores back like dspark-hf does."""
-    target = interop.synthetic_target("qwen3", predictable=True)
-    path = interop.write_synthetic_checkpoint(tmp_path / "full", variant="qwen3", target=target, imitate_target=True,
+    target = testing.synthetic_target("qwen3", predictable=True)
+    path = testing.write_synthetic_checkpoint(tmp_path / "full", variant="qwen3", target=target, imitate_target=True,
                                               dtype="float32")  # fmt: skip
     expected = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
     kept = sorted(set(expected[0].tolist()) | set(range(0, target.config.vocab_size, 3)))
@@ -116,16 +116,6 @@ def test_custom_generate_runs_a_reduced_checkpoint(tmp_path):
     output = target.generate(PROMPT, max_new_tokens=16, do_sample=False, custom_generate=str(reduced_path),
                              trust_remote_code=True)  # fmt: skip
     assert torch.equal(output, expected)
-
-
-@pytest.fixture
-def modules_cache(tmp_path, monkeypatch):
-    import sys
-
-    import transformers.dynamic_module_utils as dynamic_module_utils
-
-    monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
-    monkeypatch.setattr(sys, "path", list(sys.path))
 
 
 def test_reducing_twice_keeps_a_subset_and_refuses_dropped_ids():

@@ -20,7 +20,8 @@ from .generation import (
 )
 from .generation.batched import DSparkBatchEngine, DSparkRequest
 from .modeling_dspark import DSparkDrafter
-from .modeling_dspark_gemma4 import DSparkGemma4Config, DSparkGemma4Drafter
+from .configuration_dspark_gemma4 import DSparkGemma4Config
+from .modeling_dspark_gemma4 import DSparkGemma4Drafter
 from .scheduling import (
     StepsPerSecondCurve,
     schedule_verification_lengths,

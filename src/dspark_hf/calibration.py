@@ -1,6 +1,7 @@
 """Sequential Temperature Scaling (STS) of the confidence head, its metrics, and `dspark-hf calibrate`.
 
-The scheduler needs *absolute* prefix survival probabilities ``a_k = Π_{i<=k} c_i`` (spec 5.1), so the confidence
+The scheduler needs *absolute* prefix survival probabilities ``a_k = Π_{i<=k} c_i`` (docs/design.md, "Calibration"), so
+the confidence
 logits ``z_k`` get one temperature per position: ``c_k = σ(z_k / T_k)``. STS fits them left to right on rounds
 verified at full length, each minimizing the ECE of ``a_k`` against the accept-prefix label
 ``y_k = 1[drafts 1..k all accepted]`` with the earlier temperatures fixed. Temperature scaling preserves the order of
@@ -142,7 +143,8 @@ def cumulative_confidences(logits, temperatures: Sequence[float] | None = None) 
 def fit_sequential_temperatures(
     logits, labels, valid=None, grid: Sequence[float] = DEFAULT_TEMPERATURE_GRID, num_bins: int = NUM_BINS
 ) -> list[float]:
-    """Sequential Temperature Scaling (spec 5.1): one temperature per position, fitted left to right.
+    """Sequential Temperature Scaling (docs/design.md, "Calibration"): one temperature per position, fitted left to
+    right.
 
     For k = 1..B, ``T_k`` is the grid value minimizing the ECE of ``Π_{i<k} σ(z_i / T_i) · σ(z_k / T)`` against
     ``y_k`` over the rounds where position k is valid, with ``T_1..T_{k-1}`` already fixed. Ties go to the

@@ -1,7 +1,8 @@
 """Configuration of the DSpark drafter, in the official DeepSpec checkpoint layout.
 
 The official checkpoints (``deepseek-ai/dspark_qwen3_*_block7``) store a copy of the target's Qwen3 config with the
-draft keys added, ``model_type: "qwen3"`` and ``architectures: ["Qwen3DSparkModel"]`` (spec section 1). This class
+draft keys added, ``model_type: "qwen3"`` and ``architectures: ["Qwen3DSparkModel"]`` (docs/design.md, "Checkpoint
+layout"). This class
 parses exactly that JSON and writes it back, so DeepSpec, vLLM and SGLang load what we save.
 """
 
@@ -16,19 +17,27 @@ from transformers import PreTrainedConfig
 from transformers.models.qwen3.configuration_qwen3 import Qwen3Config
 from transformers.utils import logging
 
+from .registry import DRAFTER_ARCHITECTURES, architectures_of
+
 
 logger = logging.get_logger(__name__)
 
 MARKOV_HEAD_TYPES = ("vanilla", "gated", "rnn")
-# `architectures[0]` of official and our checkpoints; DeepSpec, vLLM and SGLang dispatch on it.
-DSPARK_ARCHITECTURES = ("Qwen3DSparkModel", "DSparkDraftModel")
+# `architectures[0]` of official and our Qwen3-layout checkpoints (the first is written on save).
+DSPARK_ARCHITECTURES = architectures_of("qwen3")
 # Keys of the target config that describe the target, not the drafter: dropped when the drafter config is derived.
 _TARGET_ONLY_KEYS = ("architectures", "auto_map", "quantization_config", "_name_or_path", "torch_dtype", "dtype")
+# Keys of the target config the drafter rebuilds itself (every draft layer is full attention).
+_REBUILT_KEYS = ("model_type", "layer_types", "per_layer_config")
+# Optional DSpark keys written only when set (DeepSpec's files have none of them).
+_OPTIONAL_KEYS = ("confidence_temperatures", "target_model_type", "target_text_model_type", "draft_vocab_size",
+                  "target_name_or_path")
 
 
 @dataclass(kw_only=True)
 class DSparkKeys:
-    """The DSpark keys of every drafter config (spec section 1), shared by [`DSparkConfig`] and the Gemma4 variant;
+    """The DSpark keys of every drafter config (docs/design.md, "Checkpoint layout"), shared by [`DSparkConfig`] and the
+    Gemma4 variant;
     documented in [`DSparkConfig`]. A dataclass mixin, so each config stays one strict, flat dataclass."""
 
     block_size: int = 7
@@ -85,6 +94,99 @@ class DSparkKeys:
         """Width of the concatenated target features, ``len(target_layer_ids) * hidden_size``."""
         return len(self.target_layer_ids) * self.hidden_size
 
+    # --- what every drafter family shares; each config class sets `drafter_family` ------------------------------
+
+    @classmethod
+    def from_target_config(cls, target_config: PreTrainedConfig, **kwargs):
+        """Derives a drafter config from a target's config, as DeepSpec does: copy the target's keys, then override.
+
+        Args:
+            target_config ([`PreTrainedConfig`]): the target's config (the text config is used for multimodal ones).
+            kwargs: DSpark keys (`block_size`, `markov_rank`, ...) and overrides (`num_hidden_layers`, ...).
+                `target_layer_ids` defaults to up to 5 layers spread from layer 1 to the second-to-last layer, and
+                `mask_token_id` to the target's pad token, else its last vocabulary id.
+        """
+        text_config = target_config.get_text_config()
+        num_target_layers = text_config.num_hidden_layers
+        values: dict[str, Any] = {
+            k: v for k, v in copy.deepcopy(text_config.to_dict()).items()
+            if k not in _TARGET_ONLY_KEYS and k not in _REBUILT_KEYS
+        }
+        values.update(cls.target_derived_values(target_config, text_config))
+        values.update(
+            num_hidden_layers=kwargs.pop("num_hidden_layers", 1),
+            num_target_layers=num_target_layers,
+            tie_word_embeddings=False,
+            target_layer_ids=kwargs.pop("target_layer_ids", None) or default_target_layer_ids(num_target_layers),
+        )
+        if kwargs.get("mask_token_id") is None:
+            pad = getattr(text_config, "pad_token_id", None)
+            kwargs["mask_token_id"] = pad if pad is not None else text_config.vocab_size - 1
+        values.update(kwargs)
+        known = set(cls.__dataclass_fields__) | set(PreTrainedConfig.__dataclass_fields__)
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    @classmethod
+    def target_derived_values(cls, target_config: PreTrainedConfig, text_config: PreTrainedConfig) -> dict[str, Any]:
+        """The family's own keys derived from the target (and its checks of the target); see `from_target_config`."""
+        return {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.official_layout(super().to_dict())
+
+    def official_layout(self, output: dict[str, Any]) -> dict[str, Any]:
+        """A config dict in the official layout, in place: the target family's ``model_type`` (DeepSpec's eval.py reads
+        it with AutoConfig), the drafter's ``architectures``, and the conditional and optional keys only where
+        DeepSpec writes them (``docs/design.md``, "Checkpoint layout")."""
+        output.pop("per_layer_config", None)
+        architecture = architectures_of(self.drafter_family)[0]
+        output["model_type"] = DRAFTER_ARCHITECTURES[architecture].model_type
+        output["architectures"] = [architecture]
+        if not self.markov_rank:
+            output.pop("markov_head_type", None)
+        if not self.enable_confidence_head:
+            output.pop("confidence_head_with_markov", None)
+        for key in _OPTIONAL_KEYS:
+            if output.get(key) is None:
+                output.pop(key, None)
+        return output
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs):
+        # Reads the file ourselves: the stock path warns that model_type "qwen3" is not "dspark", which is expected.
+        config_dict, kwargs = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
+        return cls.from_dict(config_dict, **kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict: dict[str, Any], **kwargs):
+        config_dict = dict(config_dict)
+        architectures_read = architectures_of(cls.drafter_family)
+        written_model_type = DRAFTER_ARCHITECTURES[architectures_read[0]].model_type
+        model_type = config_dict.pop("model_type", None)
+        if model_type not in (None, cls.model_type, written_model_type):
+            raise ValueError(
+                f"This checkpoint has model_type={model_type!r}; {cls.__name__} reads drafters written with "
+                f"model_type {written_model_type!r} (the official DSpark layout). Is this a DSpark drafter checkpoint "
+                "of this family?"
+            )
+        architectures = config_dict.get("architectures") or []
+        if architectures and architectures[0] not in architectures_read:
+            raise ValueError(
+                f"This checkpoint declares architectures={architectures}, not a drafter {cls.__name__} reads "
+                f"(expected one of {list(architectures_read)}). Load other drafters with AutoModel (after "
+                "`import dspark_hf`) and targets with AutoModelForCausalLM."
+            )
+        missing = [k for k in ("target_layer_ids", "mask_token_id", "block_size") if k not in config_dict]
+        if missing:
+            raise ValueError(f"Drafter config is missing the DSpark keys {missing}; is this a DSpark checkpoint?")
+        # DFlash siblings and SGLang-style configs omit the conditional keys; their absence means "off".
+        config_dict.setdefault("markov_rank", 0)
+        config_dict.setdefault("enable_confidence_head", False)
+        config_dict.setdefault("markov_head_type", "vanilla")
+        if "torch_dtype" in config_dict and "dtype" not in config_dict:
+            config_dict["dtype"] = config_dict.pop("torch_dtype")
+        return super().from_dict(config_dict, **kwargs)
+
 
 @strict
 class DSparkConfig(DSparkKeys, Qwen3Config):
@@ -107,7 +209,8 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
     markov_rank (`int`, defaults to 64):
         Rank r of the Markov transition bias ``W2 · W1[x_{k-1}]``; 0 disables the head (the DFlash ablation).
     markov_head_type (`str`, defaults to `"vanilla"`):
-        One of ``"vanilla"``, ``"gated"``, ``"rnn"`` (spec section 3.7). vLLM/SGLang serve ``"vanilla"`` only.
+        One of ``"vanilla"``, ``"gated"``, ``"rnn"`` (docs/design.md, "Markov head and drafting"). vLLM/SGLang serve
+        ``"vanilla"`` only.
     enable_confidence_head (`bool`, defaults to `True`):
         Whether the drafter has the confidence head ``c_k = σ(proj([h_k ; W1[x_{k-1}]]))``.
     confidence_head_with_markov (`bool`, defaults to `True`):
@@ -138,10 +241,11 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
     """
 
     model_type = "dspark"
+    drafter_family = "qwen3"
 
     def __post_init__(self, **kwargs):
         # Draft layers see context and block bidirectionally: a sliding-window layer would make vLLM build a causal
-        # SWA layer (spec section 1), so every layer is full attention whatever the target uses.
+        # SWA layer (docs/design.md, "Checkpoint layout"), so every layer is full attention whatever the target uses.
         self.use_sliding_window = False
         self.layer_types = ["full_attention"] * self.num_hidden_layers
         if self.target_layer_ids is None:
@@ -151,92 +255,19 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
         self.validate_dspark()
 
     @classmethod
-    def from_target_config(cls, target_config: PreTrainedConfig, **kwargs) -> "DSparkConfig":
-        """Derives a drafter config from a target's config, as DeepSpec does: copy the target's keys, then override.
-
-        Args:
-            target_config ([`PreTrainedConfig`]): the target's config (the text config is used for multimodal ones).
-            kwargs: DSpark keys (`block_size`, `markov_rank`, ...) and overrides (`num_hidden_layers`, ...).
-                `target_layer_ids` defaults to up to 5 layers spread from layer 1 to the second-to-last layer, and
-                `mask_token_id` to the target's pad token, else its last vocabulary id.
-        """
-        text_config = target_config.get_text_config()
-        num_target_layers = text_config.num_hidden_layers
-        values: dict[str, Any] = {
-            k: v for k, v in copy.deepcopy(text_config.to_dict()).items() if k not in _TARGET_ONLY_KEYS
-        }
-        values.pop("model_type", None)
-        values.pop("layer_types", None)
-        if values.get("head_dim") is None:
-            values["head_dim"] = text_config.hidden_size // text_config.num_attention_heads
-        values.update(
-            num_hidden_layers=kwargs.pop("num_hidden_layers", 1),
-            num_target_layers=num_target_layers,
+    def target_derived_values(cls, target_config: PreTrainedConfig, text_config: PreTrainedConfig) -> dict[str, Any]:
+        values = dict(
             target_model_type=text_config.model_type,
             target_name_or_path=getattr(target_config, "_name_or_path", None) or None,
-            tie_word_embeddings=False,
-            target_layer_ids=kwargs.pop("target_layer_ids", None) or default_target_layer_ids(num_target_layers),
         )
-        if kwargs.get("mask_token_id") is None:
-            pad = text_config.pad_token_id if hasattr(text_config, "pad_token_id") else None
-            kwargs["mask_token_id"] = pad if pad is not None else text_config.vocab_size - 1
-        values.update(kwargs)
-        known = set(cls.__dataclass_fields__) | set(PreTrainedConfig.__dataclass_fields__)
-        return cls(**{k: v for k, v in values.items() if k in known})
-
-    # --- serialization in the official layout -------------------------------------------------------------------
-
-    def to_dict(self) -> dict[str, Any]:
-        output = super().to_dict()
-        # The official layout keeps the Qwen3 model_type (DeepSpec's eval.py reads it with AutoConfig) and the
-        # conditional keys only where DeepSpec writes them (spec section 1).
-        output["model_type"] = Qwen3Config.model_type
-        output["architectures"] = [DSPARK_ARCHITECTURES[0]]
-        if not self.markov_rank:
-            output.pop("markov_head_type", None)
-        if not self.enable_confidence_head:
-            output.pop("confidence_head_with_markov", None)
-        if self.confidence_temperatures is None:
-            output.pop("confidence_temperatures", None)
-        if self.target_name_or_path is None:
-            output.pop("target_name_or_path", None)
-        if self.target_model_type is None:  # DeepSpec's Qwen3 configs have no such key
-            output.pop("target_model_type", None)
-        if self.draft_vocab_size is None:
-            output.pop("draft_vocab_size", None)
-        return output
-
-    @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> "DSparkConfig":
-        # Reads the file ourselves: the stock path warns that model_type "qwen3" is not "dspark", which is expected.
-        config_dict, kwargs = cls.get_config_dict(pretrained_model_name_or_path, **kwargs)
-        return cls.from_dict(config_dict, **kwargs)
+        if getattr(text_config, "head_dim", None) is None:
+            values["head_dim"] = text_config.hidden_size // text_config.num_attention_heads
+        return values
 
     @classmethod
     def from_dict(cls, config_dict: dict[str, Any], **kwargs) -> "DSparkConfig":
         config_dict = dict(config_dict)
-        model_type = config_dict.pop("model_type", None)
-        if model_type not in (None, cls.model_type, Qwen3Config.model_type):
-            raise ValueError(
-                f"This checkpoint has model_type={model_type!r}; DSparkConfig reads drafters written with "
-                f"model_type 'qwen3' (the official DSpark layout). Is this a DSpark drafter checkpoint?"
-            )
-        architectures = config_dict.get("architectures") or []
-        if architectures and architectures[0] not in DSPARK_ARCHITECTURES:
-            raise ValueError(
-                f"This checkpoint declares architectures={architectures}, not a DSpark drafter "
-                f"(expected one of {list(DSPARK_ARCHITECTURES)}). Load a target with AutoModelForCausalLM instead."
-            )
-        missing = [k for k in ("target_layer_ids", "mask_token_id", "block_size") if k not in config_dict]
-        if missing:
-            raise ValueError(f"Drafter config is missing the DSpark keys {missing}; is this a DSpark checkpoint?")
-        # DFlash siblings and SGLang-style configs omit the conditional keys; their absence means "off".
-        config_dict.setdefault("markov_rank", 0)
-        config_dict.setdefault("enable_confidence_head", False)
-        config_dict.setdefault("markov_head_type", "vanilla")
         _convert_v4_rope(config_dict)
-        if "torch_dtype" in config_dict and "dtype" not in config_dict:
-            config_dict["dtype"] = config_dict.pop("torch_dtype")
         return super().from_dict(config_dict, **kwargs)
 
 

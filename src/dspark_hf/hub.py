@@ -29,7 +29,7 @@ from huggingface_hub import HfApi, ModelCard, ModelCardData
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
-from . import interop
+from . import interop, registry
 
 
 logger = logging.get_logger(__name__)
@@ -131,7 +131,7 @@ def _model_fields(config: PreTrainedConfig) -> dict[str, Any]:
     return {
         "architecture": architecture,
         "model_type": config_dict["model_type"],
-        "drafter_class": "DSparkGemma4Drafter" if architecture == interop.GEMMA4_ARCHITECTURE else "DSparkDrafter",
+        "drafter_class": registry.drafter_class_name(architecture),
         "num_hidden_layers": config.num_hidden_layers,
         "hidden_size": config.hidden_size,
         "block_size": config.block_size,
@@ -318,11 +318,9 @@ def load_drafter(name_or_path: str, target: PreTrainedModel | None = None, **kwa
         target ([`PreTrainedModel`], *optional*): binds its embedding and LM head into a compact checkpoint (one saved
             by [`DSparkDrafter.save_compact`] without them); unused for a checkpoint that has them.
     """
-    from .modeling_dspark import DSparkDrafter
-    from .modeling_dspark_gemma4 import DSparkGemma4Drafter
-
     config_dict, _ = PreTrainedConfig.get_config_dict(name_or_path, **kwargs)
-    drafter_class = DSparkGemma4Drafter if interop.drafter_variant(config_dict) == "gemma4" else DSparkDrafter
+    family = registry.drafter_family(config_dict)  # raises for a config that is not a DSpark drafter's
+    drafter_class = registry.drafter_class(registry.architectures_of(family)[0])
     return drafter_class.from_pretrained(name_or_path, target=target, **kwargs)
 
 

@@ -1,6 +1,7 @@
 """The DSpark drafter: a parallel block drafter over target features, with a Markov head and a confidence head.
 
-Module tree and tensor names follow the official checkpoint layout (spec section 2) with no prefix: ``embed_tokens``,
+Module tree and tensor names follow the official checkpoint layout (docs/design.md, "Checkpoint layout") with no prefix:
+``embed_tokens``,
 ``fc``, ``hidden_norm``, ``layers.{i}``, ``norm``, ``lm_head``, ``markov_head.markov_w{1,2}``,
 ``confidence_head.proj``. The draft layers reuse transformers' Qwen3 modules; only the attention's key/value source
 (target context + block, bidirectional) is DSpark's own.
@@ -10,11 +11,13 @@ from __future__ import annotations
 
 import logging as stdlib_logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import ModelOutput
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.qwen3.modeling_qwen3 import (
@@ -45,7 +48,7 @@ class DSparkAttention(Qwen3Attention):
 
     The context K/V (`k_norm(k_proj(C))`, `v_proj(C)`, RoPE at the context positions) are computed once per context
     token by [`DSparkAttention.context_key_values`] and kept in the drafter's cache; block queries attend to all of
-    them and to every block key, with no causal mask (spec section 3.5).
+    them and to every block key, with no causal mask (docs/design.md, "Forward pass").
     """
 
     def __init__(self, config: DSparkConfig, layer_idx: int):
@@ -128,7 +131,8 @@ class DSparkDecoderLayer(Qwen3DecoderLayer):
 
 
 class DSparkMarkovHead(nn.Module):
-    """Low-rank transition bias on the draft logits, conditioned on the previously drafted token (spec 3.7).
+    """Low-rank transition bias on the draft logits, conditioned on the previously drafted token (docs/design.md,
+    "Markov head and drafting").
 
     - vanilla: ``bias = W2 · W1[prev]``
     - gated: ``bias = W2 · (σ(gate_proj([h ; W1[prev]])) ⊙ W1[prev])``
@@ -243,6 +247,33 @@ class DSparkPreTrainedModel(PreTrainedModel):
 VOCABULARY_TENSORS = ("embed_tokens.weight", "lm_head.weight")
 
 
+@dataclass(frozen=True)
+class DSparkLayers:
+    """What differs between drafter families: the modules [`DSparkDrafter`] builds its tree from. The tree, the
+    tensor names, the heads and the forward pass are shared.
+
+    decoder_layer (`type`): a draft layer, called `(config, layer_idx)`; it carries the family's attention variant.
+    norm (`type`): the RMSNorm of `hidden_norm` and `norm`, called `(hidden_size, eps=rms_norm_eps)`.
+    rotary_embedding (`type`): called `(config)`, then `(states, position_ids) -> (cos, sin)`.
+    embedding (`Callable`): builds `embed_tokens` from the config (a family may scale the embedding at run time).
+    """
+
+    decoder_layer: type[nn.Module]
+    norm: type[nn.Module]
+    rotary_embedding: type[nn.Module]
+    embedding: Callable[[PreTrainedConfig], nn.Module]
+
+
+def _unscaled_embedding(config: PreTrainedConfig) -> nn.Embedding:
+    return nn.Embedding(config.vocab_size, config.hidden_size)
+
+
+QWEN3_LAYERS = DSparkLayers(
+    decoder_layer=DSparkDecoderLayer, norm=Qwen3RMSNorm, rotary_embedding=Qwen3RotaryEmbedding,
+    embedding=_unscaled_embedding,
+)
+
+
 class DSparkDrafter(DSparkPreTrainedModel):
     """The DSpark drafter (``Qwen3DSparkModel`` in the official layout).
 
@@ -260,15 +291,18 @@ class DSparkDrafter(DSparkPreTrainedModel):
     ```
     """
 
+    # The modules of this drafter family; a family's subclass sets its own (see `DSparkGemma4Drafter`).
+    family_layers: ClassVar[DSparkLayers] = QWEN3_LAYERS
+
     def __init__(self, config: DSparkConfig):
         super().__init__(config)
-        hidden = config.hidden_size
-        self.embed_tokens = nn.Embedding(config.vocab_size, hidden)
+        hidden, family = config.hidden_size, self.family_layers
+        self.embed_tokens = family.embedding(config)
         self.fc = nn.Linear(config.num_context_features, hidden, bias=False)
-        self.hidden_norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
-        self.layers = nn.ModuleList([DSparkDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
-        self.norm = Qwen3RMSNorm(hidden, eps=config.rms_norm_eps)
-        self.rotary_emb = Qwen3RotaryEmbedding(config)
+        self.hidden_norm = family.norm(hidden, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList([family.decoder_layer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = family.norm(hidden, eps=config.rms_norm_eps)
+        self.rotary_emb = family.rotary_embedding(config)
         self.lm_head = nn.Linear(hidden, config.draft_vocab_size or config.vocab_size, bias=False)
         self.markov_head = DSparkMarkovHead(config) if config.markov_rank > 0 else None
         self.confidence_head = DSparkConfidenceHead(config) if config.enable_confidence_head else None
@@ -485,7 +519,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
             # eager-style kernels add the mask to the scores
             attention_mask = torch.zeros_like(attention_mask, dtype=inputs_embeds.dtype).masked_fill(
                 ~attention_mask, torch.finfo(inputs_embeds.dtype).min)
-        context_key_values = self._extend_context(target_hidden_states, context_position_ids, cache)
+        context_key_values = self.extend_context(target_hidden_states, context_position_ids, cache)
         position_embeddings = self.rotary_emb(inputs_embeds, position_ids)
         hidden_states = inputs_embeds
         for layer, layer_context in zip(self.layers, context_key_values):
@@ -534,14 +568,26 @@ class DSparkDrafter(DSparkPreTrainedModel):
             logits = logits + bias.float()
         return self.to_target_vocabulary(logits), state
 
-    def _extend_context(
+    def extend_context(
         self,
         target_hidden_states: torch.Tensor | None,
         context_position_ids: torch.LongTensor | None,
         cache: DynamicCache | None,
     ) -> list[tuple[torch.Tensor, torch.Tensor] | None]:
         """Projects new target features once (`fc`, `hidden_norm`, per-layer `k/v_proj`, RoPE) and returns each
-        layer's full context K/V (cached + new)."""
+        layer's full context K/V (cached + new). `forward` calls it; the batched engine calls it alone to ingest the
+        context of rounds that do not draft.
+
+        Args:
+            target_hidden_states (`torch.Tensor` of shape `(batch, ctx, len(target_layer_ids) * hidden)`, *optional*):
+                target features of context positions new to `cache` (`None` or `ctx == 0`: nothing new).
+            context_position_ids (`torch.LongTensor` of shape `(batch, ctx)`, *optional*): their absolute positions.
+            cache ([`DynamicCache`], *optional*): the drafter's context K/V, extended in place.
+
+        Returns:
+            `list` with one `(keys, values)` pair of shape `(batch, kv_heads, cached_ctx + ctx, head_dim)` per draft
+            layer (`None` per layer when there is no context at all).
+        """
         num_layers = len(self.layers)
         if target_hidden_states is None or target_hidden_states.shape[1] == 0:
             if cache is None or cache.get_seq_length() == 0:
@@ -643,6 +689,7 @@ def _select_output_rows(linear: nn.Linear, rows: torch.LongTensor) -> nn.Linear:
 
 __all__ = [
     "DSparkDrafter",
+    "DSparkLayers",
     "DSparkPreTrainedModel",
     "DSparkDrafterOutput",
     "DSparkMarkovHead",

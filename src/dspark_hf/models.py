@@ -148,9 +148,9 @@ def drafter_dtype(name: str = "auto", device: str | torch.device = "cpu") -> tor
 
     The drafter's output only proposes tokens (the target decides), so its precision changes acceptance at most, never
     the output. Its cost is dominated by small matmuls (the block's LM head rows, one layer), which bf16 roughly
-    halves on GPUs and on CPUs with bf16 instructions (AMX, AVX512-BF16): on this project's 2-core Xeon a drafting
-    pass of the embedded drafter drops from ~15 ms to ~6-9 ms, while emulated bf16 on older CPUs is slower than
-    float32. `"auto"` picks bf16 on those devices and float32 elsewhere.
+    halves on GPUs and on CPUs with bf16 instructions (AMX, AVX512-BF16), while emulated bf16 on older CPUs is slower
+    than float32 (README, "Drafter precision", has a measurement). `"auto"` picks bf16 on those devices and float32
+    elsewhere.
     """
     return _resolve_dtype(name, device, "drafter")
 

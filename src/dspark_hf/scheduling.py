@@ -1,4 +1,5 @@
-"""Hardware-aware verification scheduling (paper Algorithm 1 and its production variant; spec 5.2-5.3).
+"""Hardware-aware verification scheduling (paper Algorithm 1 and its production variant; docs/design.md, "Scheduler:
+Algorithm 1" and "Production scheduler").
 
 Pure functions on calibrated confidences and a profiled steps-per-second curve; no model involved.
 
@@ -219,7 +220,8 @@ def schedule_verification_lengths(confidences, steps_per_second) -> list[int]:
     request order). Each admission adds one token to the forward and ``a[r][j]`` expected committed tokens; the
     search stops at the first admission that does not strictly improve ``Θ = τ · SPS(B)``.
 
-    That early stop is what makes the schedule lossless (non-anticipating, spec 5.2 / paper Appendix A): whether
+    That early stop is what makes the schedule lossless (non-anticipating, docs/design.md, "Scheduler: Algorithm 1" /
+    paper Appendix A): whether
     draft (r, k) is admitted depends only on candidates ranked above it, and the ones of request r among them are
     j < k, computed before x_{r,k} is sampled. A search that looks past the first non-improving step is biased.
 
@@ -265,7 +267,8 @@ def schedule_verification_lengths(confidences, steps_per_second) -> list[int]:
 def verification_capacity(
     stale_confidences, steps_per_second, num_requests: int | None = None, draft_seconds: float = 0.0
 ) -> int:
-    """Production scheduler, step 1 (spec 5.3): the number K of drafts to verify this step, from stale confidences.
+    """Production scheduler, step 1 (docs/design.md, "Production scheduler"): the number K of drafts to verify this
+    step, from stale confidences.
 
     Maximizes ``(R + Σ_{top K} a_stale) · SPS(R + K)`` over every K by global search, without Algorithm 1's early
     break, so the jagged cliffs of a real SPS curve do not trap it. This is lossless only because the confidences are
@@ -327,7 +330,8 @@ def plan_is_settled(
 ) -> bool:
     """Whether a width plan made from the first k confidences of every row can no longer change with more of them.
 
-    A planner that reads the confidences of a whole block (spec 5.3) needs c_k of every slot, and c_{k+1} exists only
+    A planner that reads the confidences of a whole block (docs/design.md, "Production scheduler") needs c_k of every
+    slot, and c_{k+1} exists only
     after x_k is sampled. Survival never grows along a row (``a[r][j] <= a[r][k]`` for j > k), so every width above
     ``k + 1`` is worth at most ``(R + Σ_{j<=k} a + (width - 1 - k) · Σ_r a[r][k]) · speed(width)`` (with the drafting
     cost, as [`drafted_step_throughput`]). When that bound is below the best width up to ``k + 1``, the plan from the
@@ -365,7 +369,8 @@ def plan_is_settled(
 
 
 def top_k_verification_lengths(confidences, capacity: int) -> list[int]:
-    """Production scheduler, step 2 (spec 5.3): admit the `capacity` drafts with the highest *current* ``a[r][j]``.
+    """Production scheduler, step 2 (docs/design.md, "Production scheduler"): admit the `capacity` drafts with the
+    highest *current* ``a[r][j]``.
 
     Rank-preserving and non-anticipating: draft (r, k) is admitted iff fewer than `capacity` candidates rank above
     it, and the ones of request r that could are j < k. Drafts with ``a = 0`` are never admitted.
@@ -383,7 +388,8 @@ def top_k_verification_lengths(confidences, capacity: int) -> list[int]:
 
 
 def schedule_verification_lengths_async(confidences, stale_confidences, steps_per_second) -> list[int]:
-    """The production scheduler of spec 5.3: K from stale confidences by global search, then top-K by current ones.
+    """The production scheduler (docs/design.md, "Production scheduler"): K from stale confidences by global search,
+    then top-K by current ones.
 
     Args:
         confidences: this step's calibrated confidences, one row per request now in the batch.

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
-from transformers.generation.utils import _speculative_sampling
 
+from .._transformers_compat import speculative_sampling
 from ..modeling_dspark import DSparkDrafter
 from ..scheduling import drafted_step_throughput, expected_tokens_by_width, plan_is_settled
 from . import cache_ops
@@ -40,7 +40,8 @@ def plan_verification_width(
     draft_seconds: float = 0.0,
     early_stop: bool = False,
 ) -> int:
-    """The production scheduler of spec 5.3 for a padded batch: the verification width (1 + drafts per row) that
+    """The production scheduler (docs/design.md, "Production scheduler") for a padded batch: the verification width (1 +
+    drafts per row) that
     maximizes ``(R + Σ_r Σ_{j < width} a_stale_rj) · speed(width)``, by global search over every width.
 
     The search sees the whole jagged speed curve (a CPU's 2-3x cliff between 1 and 2 tokens defeats the early-stopping
@@ -225,7 +226,7 @@ class DSparkBatchEngine:
 
     def _ingest(self, cache: DynamicCache, features: torch.Tensor, positions: torch.Tensor) -> None:
         """Appends the drafter's context K/V for new slots (masked slots included, as holes)."""
-        self.drafter._extend_context(features.to(self.drafter.device), positions.to(self.drafter.device), cache)
+        self.drafter.extend_context(features.to(self.drafter.device), positions.to(self.drafter.device), cache)
 
     # --- admission (prefill + merge) ----------------------------------------------------------------------------
 
@@ -421,7 +422,8 @@ class DSparkBatchEngine:
                                        self.drafter.config.block_size + 1, early_stop=True)
 
     def _planned_width(self) -> int:
-        """Hardware-aware width for this round from the rows' stale confidences and the drafting cost (spec 5.3)."""
+        """Hardware-aware width for this round from the rows' stale confidences and the drafting cost (docs/design.md,
+        "Production scheduler")."""
         rows = len(self.active)
         prior = self._prior_confidences() if any(not r.last_confidences for r in self.active) else None
         stale = [self.policy.corrected(r.last_confidences or prior) for r in self.active]
@@ -469,8 +471,8 @@ class DSparkBatchEngine:
         if self.do_sample and length > 0:
             candidates = torch.cat([torch.tensor([sequence], device=self.device), verify_ids[row:row + 1, 1:1 + length]],
                                    dim=1)
-            tokens, num_accepted = _speculative_sampling(candidates, draft.logits[row:row + 1, :length], length,
-                                                         target_logits[None])
+            tokens, num_accepted = speculative_sampling(candidates, draft.logits[row:row + 1, :length], length,
+                                                        target_logits[None])
             return tokens[0].tolist(), int(num_accepted)
         choices = self._sample(target_logits)
         drafts = verify_ids[row, 1:1 + length]

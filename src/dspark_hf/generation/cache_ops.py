@@ -16,7 +16,7 @@ class AppendingLayer(DynamicLayer):
     """A `DynamicLayer` that appends new slots into spare capacity instead of concatenating a new tensor every step.
 
     `DynamicLayer.update` copies the whole cache on every forward (`torch.cat`); with many rows that copy is a large
-    part of a decode step on a CPU (16 rows, ~170 slots, 30 layers: ~130 MB per step). Here `keys`/`values` are
+    part of a decode step on a CPU (it grows with rows x slots x layers, every step). Here `keys`/`values` are
     views of the first slots of a larger buffer; an update writes the new slots in place and only reallocates (with
     50% headroom) when the buffer is full or when `keys`/`values` were replaced by a tensor that is not such a view
     (the slot operations below do that; crops keep the view, and their slots are overwritten).

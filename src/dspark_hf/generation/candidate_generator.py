@@ -1,6 +1,6 @@
 """`DSparkCandidateGenerator`: drafts a block per round for transformers' assisted decoding loop.
 
-Each round (spec 3.6):
+Each round (docs/design.md, "Forward pass"):
 1. take the target's hidden states at `target_layer_ids` for the newly committed positions from the verification
    forward that just ran, and append their context K/V to the drafter's cache;
 2. run the drafter once on ``[anchor, mask × (B-1)]``;

@@ -1,6 +1,7 @@
 """Verification-length policies: how many of a block's drafts the target verifies.
 
-Every policy here is *non-anticipating* (spec 5.2, paper Appendix A): whether draft k is verified is decided before
+Every policy here is *non-anticipating* (docs/design.md, "Scheduler: Algorithm 1", paper Appendix A): whether draft k is
+verified is decided before
 x_k is sampled, from the calibrated confidences c_1..c_k only (c_k reads x_{k-1}, never x_k). The candidate
 generator asks the policy once per slot, left to right, and stops drafting at the first "no"; that early stop is what
 keeps speculative sampling exact.
@@ -117,7 +118,8 @@ class FixedLengthPolicy(VerificationPolicy):
 
 
 class ThresholdPolicy(VerificationPolicy):
-    """Static threshold (DeepSpec's evaluator, spec 3.9): stop at the first slot whose calibrated confidence c_k is
+    """Static threshold (DeepSpec's evaluator, docs/design.md, "Static threshold"): stop at the first slot whose
+    calibrated confidence c_k is
     below `threshold`, or, with `cumulative=True`, whose prefix survival probability ``a_k = Π_{i<=k} c_i`` is.
     With `threshold <= 0` it verifies the whole block.
 
@@ -147,7 +149,8 @@ class HardwareAwarePolicy(VerificationPolicy):
       ``(1 + Σ_{j<=k} a_j) · SPS(1 + k)`` strictly improves, stop at the first slot that does not.
       `should_verify(k, c_1..c_k)` is `schedule_verification_lengths([c_1..c_k], SPS)[0] >= k`. On a curve with a
       cliff (verifying 2 tokens at under half the speed of 1, as on small CPUs) the early stop never gets past it.
-    - ``mode="planned"`` (default): spec 5.3's production scheduler at one request: the length is the capacity K that
+    - ``mode="planned"`` (default): the production scheduler (docs/design.md, "Production scheduler") at one request:
+    the length is the capacity K that
       a global search over the whole curve picks from the previous round's confidences (`verification_capacity`),
       so cliffs do not trap it; being planned from stale information, it is non-anticipating. The first round of a
       generation, with nothing observed yet, uses Algorithm 1.
@@ -184,9 +187,9 @@ class HardwareAwarePolicy(VerificationPolicy):
             reads: the plan maximizes the expected rate for the *next* round, and one round's confidences are a noisy
             forecast of it. With w > 0 the plan reads ``w · S + (1 - w) · a`` (``S`` the running average over earlier
             observed rounds of this generation, ``a`` the last round's survival); slots a round did not observe (its
-            plan had settled) continue its last confidence. 0 plans from the last round alone, as spec 5.3 states
-            (on the embedded default 0.5 was ahead by 1-2% or tied in four same-run comparisons; README). Plans stay
-            built from finished rounds only, so any value is lossless. Batch 1 only: the batched engine plans from
+            plan had settled) continue its last confidence. 0 plans from the last round alone, as docs/design.md,
+            "Production scheduler", states (the README's benchmarks compare the two). Plans stay built from finished
+            rounds only, so any value is lossless. Batch 1 only: the batched engine plans from
             every row's last round, whose sum over rows already averages.
     """
 
@@ -295,7 +298,7 @@ class HardwareAwarePolicy(VerificationPolicy):
         profile `profiled(width)` scaled by how much faster or slower than profiled this many rows decode now.
 
         A profile is measured once, at one context length, on an idle machine; the steps the engine actually runs
-        (longer caches with holes, other load) can cost 30% more, and not uniformly across widths. Measured sizes
+        (longer caches with holes, other load) can cost markedly more, and not uniformly across widths. Measured sizes
         replace the guess, so a plan that does not pay on the live machine stops being chosen."""
         measured = self._step_seconds.get((rows, width))
         if measured is not None:

@@ -1,4 +1,4 @@
-"""Training DSpark drafters (spec section 4): data regeneration, the block objective, the Trainer, LoRA.
+"""Training DSpark drafters (docs/design.md, "Training"): data regeneration, the block objective, the Trainer, LoRA.
 
 - `dspark-hf prepare-data` ([`data`]): prompts -> target-regenerated conversations with a `loss_mask`.
 - `dspark-hf train` ([`train`]): a `Trainer` over the DSpark loss, online (the frozen target runs in the step) or

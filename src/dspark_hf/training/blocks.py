@@ -1,4 +1,4 @@
-"""Training blocks (spec section 4): anchor sampling, block inputs and labels, and the block attention mask.
+"""Training blocks (docs/design.md, "Training"): anchor sampling, block inputs and labels, and the block attention mask.
 
 A training sequence ``x_0..x_{S-1}`` with a `loss_mask` becomes up to `num_anchors` blocks. The block at anchor ``p``
 feeds ``[x_p, M, ..., M]`` (``M`` = `mask_token_id`) at positions ``p..p+B-1`` and predicts ``x_{p+1}..x_{p+B}``,

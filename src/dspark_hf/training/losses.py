@@ -1,4 +1,4 @@
-"""The DSpark training loss (spec section 4) as pure functions on tensors.
+"""The DSpark training loss (docs/design.md, "Training") as pure functions on tensors.
 
 For each supervised slot ``k`` (0-based) with weight ``w_k = exp(-k / 4.0)``, corrected draft logits ``z`` (base
 logits plus the teacher-forced Markov bias), target logits ``t`` and raw confidence logit ``c``:

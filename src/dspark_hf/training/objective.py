@@ -101,7 +101,7 @@ def compute_dspark_loss(
     forward: Callable | None = None,
     denominator: torch.Tensor | float | None = None,
 ) -> DSparkLossOutput:
-    """The DSpark loss of a batch (spec section 4).
+    """The DSpark loss of a batch (docs/design.md, "Training").
 
     Args:
         drafter ([`DSparkDrafter`]): the drafter (its heads are called directly).
