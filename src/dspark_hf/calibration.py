@@ -1,11 +1,10 @@
 """Sequential Temperature Scaling (STS) of the confidence head, its metrics, and `dspark-hf calibrate`.
 
 The scheduler needs *absolute* prefix survival probabilities ``a_k = Π_{i<=k} c_i`` (docs/design.md, "Calibration"), so
-the confidence
-logits ``z_k`` get one temperature per position: ``c_k = σ(z_k / T_k)``. STS fits them left to right on rounds
-verified at full length, each minimizing the ECE of ``a_k`` against the accept-prefix label
-``y_k = 1[drafts 1..k all accepted]`` with the earlier temperatures fixed. Temperature scaling preserves the order of
-confidences, so it changes what the scheduler believes, never how the head ranks drafts.
+the confidence logits ``z_k`` get one temperature per position: ``c_k = σ(z_k / T_k)``. STS fits them left to right on
+rounds verified at full length, each minimizing the ECE of ``a_k`` against the accept-prefix label ``y_k = 1[drafts 1..k
+all accepted]`` with the earlier temperatures fixed. Temperature scaling preserves the order of confidences, so it
+changes what the scheduler believes, never how the head ranks drafts.
 
 ```bash
 dspark-hf calibrate --drafter path/to/drafter --target smollm2-135m-instruct \

@@ -2,8 +2,7 @@
 
 The official checkpoints (``deepseek-ai/dspark_qwen3_*_block7``) store a copy of the target's Qwen3 config with the
 draft keys added, ``model_type: "qwen3"`` and ``architectures: ["Qwen3DSparkModel"]`` (docs/design.md, "Checkpoint
-layout"). This class
-parses exactly that JSON and writes it back, so DeepSpec, vLLM and SGLang load what we save.
+layout"). This class parses exactly that JSON and writes it back, so DeepSpec, vLLM and SGLang load what we save.
 """
 
 from __future__ import annotations
@@ -37,8 +36,8 @@ _OPTIONAL_KEYS = ("confidence_temperatures", "target_model_type", "target_text_m
 @dataclass(kw_only=True)
 class DSparkKeys:
     """The DSpark keys of every drafter config (docs/design.md, "Checkpoint layout"), shared by [`DSparkConfig`] and the
-    Gemma4 variant;
-    documented in [`DSparkConfig`]. A dataclass mixin, so each config stays one strict, flat dataclass."""
+    Gemma4 variant; documented in [`DSparkConfig`]. A dataclass mixin, so each config stays one strict, flat dataclass.
+    """
 
     block_size: int = 7
     mask_token_id: int | None = None

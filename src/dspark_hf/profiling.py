@@ -1,9 +1,8 @@
 """`dspark-hf profile`: the target's forward steps per second by number of tokens in a verification forward.
 
 The hardware-aware scheduler (docs/design.md, "Scheduler: Algorithm 1") needs ``SPS(B)``, measured on the machine that
-serves. Every size from 1 to
-`--max_tokens` is timed on its own, because real curves are not smooth: on a small CPU, verifying 2 tokens costs
-2-3x a one-token decode step, then cost barely grows with more tokens (see the module docs of
+serves. Every size from 1 to `--max_tokens` is timed on its own, because real curves are not smooth: on a small CPU,
+verifying 2 tokens costs 2-3x a one-token decode step, then cost barely grows with more tokens (see the module docs of
 `dspark_hf.scheduling` for how sizes missing from a profile are read).
 
 Each forward runs over a cache of `--context_length` tokens (cropped back after every forward, as speculative

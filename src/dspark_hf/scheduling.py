@@ -221,9 +221,9 @@ def schedule_verification_lengths(confidences, steps_per_second) -> list[int]:
     search stops at the first admission that does not strictly improve ``Θ = τ · SPS(B)``.
 
     That early stop is what makes the schedule lossless (non-anticipating, docs/design.md, "Scheduler: Algorithm 1" /
-    paper Appendix A): whether
-    draft (r, k) is admitted depends only on candidates ranked above it, and the ones of request r among them are
-    j < k, computed before x_{r,k} is sampled. A search that looks past the first non-improving step is biased.
+    paper Appendix A): whether draft (r, k) is admitted depends only on candidates ranked above it, and the ones of
+    request r among them are j < k, computed before x_{r,k} is sampled. A search that looks past the first non-improving
+    step is biased.
 
     Args:
         confidences (`torch.Tensor` of shape `(requests, positions)`, or a sequence of per-request sequences that
@@ -331,12 +331,12 @@ def plan_is_settled(
     """Whether a width plan made from the first k confidences of every row can no longer change with more of them.
 
     A planner that reads the confidences of a whole block (docs/design.md, "Production scheduler") needs c_k of every
-    slot, and c_{k+1} exists only
-    after x_k is sampled. Survival never grows along a row (``a[r][j] <= a[r][k]`` for j > k), so every width above
-    ``k + 1`` is worth at most ``(R + Σ_{j<=k} a + (width - 1 - k) · Σ_r a[r][k]) · speed(width)`` (with the drafting
-    cost, as [`drafted_step_throughput`]). When that bound is below the best width up to ``k + 1``, the plan from the
-    full block would be the same as the one from these k slots, and sampling the rest of the block only to observe
-    it is wasted work. The check is exact up to a 1e-9 relative margin, kept on the side of observing more.
+    slot, and c_{k+1} exists only after x_k is sampled. Survival never grows along a row (``a[r][j] <= a[r][k]`` for j >
+    k), so every width above ``k + 1`` is worth at most ``(R + Σ_{j<=k} a + (width - 1 - k) · Σ_r a[r][k]) ·
+    speed(width)`` (with the drafting cost, as [`drafted_step_throughput`]). When that bound is below the best width up
+    to ``k + 1``, the plan from the full block would be the same as the one from these k slots, and sampling the rest of
+    the block only to observe it is wasted work. The check is exact up to a 1e-9 relative margin, kept on the side of
+    observing more.
 
     Args:
         observed: per-row calibrated confidences c_1..c_k observed so far (the shortest row sets k).

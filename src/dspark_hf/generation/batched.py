@@ -41,8 +41,8 @@ def plan_verification_width(
     early_stop: bool = False,
 ) -> int:
     """The production scheduler (docs/design.md, "Production scheduler") for a padded batch: the verification width (1 +
-    drafts per row) that
-    maximizes ``(R + Σ_r Σ_{j < width} a_stale_rj) · speed(width)``, by global search over every width.
+    drafts per row) that maximizes ``(R + Σ_r Σ_{j < width} a_stale_rj) · speed(width)``, by global search over every
+    width.
 
     The search sees the whole jagged speed curve (a CPU's 2-3x cliff between 1 and 2 tokens defeats the early-stopping
     Algorithm 1), and stays lossless because it reads only stale confidences (earlier rounds), never this round's

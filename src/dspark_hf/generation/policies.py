@@ -1,10 +1,9 @@
 """Verification-length policies: how many of a block's drafts the target verifies.
 
 Every policy here is *non-anticipating* (docs/design.md, "Scheduler: Algorithm 1", paper Appendix A): whether draft k is
-verified is decided before
-x_k is sampled, from the calibrated confidences c_1..c_k only (c_k reads x_{k-1}, never x_k). The candidate
-generator asks the policy once per slot, left to right, and stops drafting at the first "no"; that early stop is what
-keeps speculative sampling exact.
+verified is decided before x_k is sampled, from the calibrated confidences c_1..c_k only (c_k reads x_{k-1}, never x_k).
+The candidate generator asks the policy once per slot, left to right, and stops drafting at the first "no"; that early
+stop is what keeps speculative sampling exact.
 
 By default (``drafter.verification_policy == "auto"``) generation uses the hardware-aware policy with this machine's
 measured speeds (see `resolve_policy`). Select another by name on the drafter (``drafter.verification_policy =
@@ -119,9 +118,8 @@ class FixedLengthPolicy(VerificationPolicy):
 
 class ThresholdPolicy(VerificationPolicy):
     """Static threshold (DeepSpec's evaluator, docs/design.md, "Static threshold"): stop at the first slot whose
-    calibrated confidence c_k is
-    below `threshold`, or, with `cumulative=True`, whose prefix survival probability ``a_k = Π_{i<=k} c_i`` is.
-    With `threshold <= 0` it verifies the whole block.
+    calibrated confidence c_k is below `threshold`, or, with `cumulative=True`, whose prefix survival probability ``a_k
+    = Π_{i<=k} c_i`` is. With `threshold <= 0` it verifies the whole block.
 
     Args:
         threshold (`float`, defaults to 0.5): in [0, 1].
