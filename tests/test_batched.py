@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import make_drafter, make_target
+from conftest import left_pad, make_drafter, make_target
 from dspark_hf.generation.batched import DSparkBatchEngine
 
 
@@ -15,13 +15,6 @@ def solo(target, prompt, max_new_tokens, **kwargs):
     out = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0,
                           **kwargs)
     return out[0, len(prompt):].tolist()
-
-
-def left_pad(prompts):
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
