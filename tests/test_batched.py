@@ -137,6 +137,17 @@ def test_batched_policies_stay_lossless(policy):
     assert len(verified) > 1 or verified != {drafter.config.block_size}  # the policy really cut drafts
 
 
+def test_batched_fixed_length_policy_verifies_that_many_drafts():
+    from dspark_hf.generation.policies import FixedLengthPolicy
+
+    target = make_target("llama", seed=6)
+    drafter = make_drafter(target, block_size=4)
+    requests = _run_and_compare_with_solo(DSparkBatchEngine(target, drafter, policy=FixedLengthPolicy(2),
+                                                            pad_token_id=0), 13)  # fmt: skip
+    # 2 drafts a round, fewer only where the length budget is shorter
+    assert {r.verified for request in requests for r in request.stats.rounds[:-1]} == {2}
+
+
 def test_batched_hardware_aware_skips_a_costly_drafter_and_stays_lossless():
     from dspark_hf.generation.policies import HardwareAwarePolicy
 
