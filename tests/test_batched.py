@@ -104,14 +104,27 @@ def test_batched_greedy_property(seed, prompts, max_new_tokens, block_size):
         assert out[row, ids.shape[1]:].tolist() == solo(target, prompt, max_new_tokens, eos_token_id=None)
 
 
-def test_batched_sampling_runs_and_respects_lengths():
-    target = make_target("llama", seed=3)
+def test_batched_sampling_stops_at_eos_or_budget_and_repeats_with_the_seed():
+    """Sampled rows of different prompt lengths keep their prompt, stop at their first EOS (padding after it) or at the
+    length budget, draft and accept, and come out the same again under the same seed."""
+    target = make_target("llama", seed=3, vocab_size=8)  # 8 tokens: the EOS is sampled often, drafts accepted
     drafter = make_drafter(target, block_size=4)
+    ids, mask = left_pad([[5, 6], [7, 3, 4, 6], [3], [4, 4, 5], [6, 7], [5]])
+    kwargs = dict(attention_mask=mask, assistant_model=drafter, do_sample=True, max_new_tokens=10, pad_token_id=0,
+                  eos_token_id=2)  # fmt: skip
     torch.manual_seed(0)
-    ids, mask = left_pad([[5, 6], [7, 8, 9, 10]])
-    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=True, max_new_tokens=12,
-                          pad_token_id=0, eos_token_id=None)
-    assert out.shape == (2, ids.shape[1] + 12)
+    out = target.generate(ids, **kwargs)
+    assert torch.equal(out[:, : ids.shape[1]], ids)
+    ends = []
+    for row, stats in zip(out[:, ids.shape[1]:].tolist(), drafter.batch_generation_stats):
+        end = row.index(2) + 1 if 2 in row[:10] else 10
+        assert set(row[end:]) <= {0} and len(row) <= 10
+        assert sum(len(r.draft_ids) for r in stats.rounds) > 0
+        ends.append(end)
+    assert 10 in ends and min(ends) < 10, ends  # rows stopped by the budget and by the EOS
+    assert sum(r.accepted for r in drafter.generation_stats.rounds) > 0
+    torch.manual_seed(0)
+    assert torch.equal(target.generate(ids, **kwargs), out)
 
 
 def _run_and_compare_with_solo(engine, max_new_tokens):
