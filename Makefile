@@ -48,3 +48,6 @@ test-oldest: $(OLDEST_VENV)/.installed
 
 test-fast: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow"
+
+test-long: setup
+	HF_HUB_OFFLINE=1 DSPARK_HF_LOSSLESS_CASES=10000 $(BIN)/python -m pytest -q tests/test_lossless_sweep.py

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +13,7 @@ from hypothesis import settings
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import dspark_hf  # noqa: F401  (installs the generate integration)
+import dspark_hf.hub
 from dspark_hf import DSparkDrafter
 
 
@@ -26,6 +30,11 @@ torch.set_num_threads(1)
 # timings; tests pin the full block so that every draft is verified, and tests of "auto" unset this
 # (tests/test_default_policy.py).
 os.environ["DSPARK_HF_VERIFICATION_POLICY"] = "full"
+
+# How many greedy lossless cases the case sweeps run (tests/test_lossless_sweep.py); `make test-long` raises it.
+LOSSLESS_CASES = int(os.environ.get("DSPARK_HF_LOSSLESS_CASES", "1000"))
+# Lossless cases run this session, by path ("greedy batch 1", ..., "sampling"), printed after the test summary.
+_LOSSLESS_COUNTS: Counter = Counter()
 
 
 TINY = dict(
@@ -83,3 +92,59 @@ def modules_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
     monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+def left_pad(prompts: list[list[int]]) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """`input_ids` and `attention_mask` `(batch, longest)` of left-padded prompts (pad id 0)."""
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def imitate_transitions(drafter: DSparkDrafter, transitions: dict[int, int], scale: float = 50.0) -> DSparkDrafter:
+    """Makes the drafter's Markov head draft `transitions[previous]` after `previous` (its bias dominates the random
+    base logits); after any other token the drafter drafts its own random guess. Needs ``markov_rank == vocab_size``
+    (one-hot transition codes); works for every Markov head type."""
+    head, vocab = drafter.markov_head, drafter.config.vocab_size
+    if head is None or drafter.config.markov_rank != vocab:
+        raise ValueError(f"imitate_transitions needs markov_rank == vocab_size ({vocab}), got {drafter.config.markov_rank}")
+    table = torch.zeros(vocab, vocab)
+    for previous, token in transitions.items():
+        table[token, previous] = scale
+    with torch.no_grad():
+        head.markov_w1.weight.copy_(torch.eye(vocab))
+        head.markov_w2.weight.copy_(table)
+        if head.head_type == "gated":  # gate wide open: bias = W2 · W1[previous]
+            head.gate_proj.weight.zero_()
+            head.gate_proj.bias.fill_(10.0)
+        elif head.head_type == "rnn":  # out = 10 · W1[previous], so tanh(out) is (nearly) the one-hot code
+            head.joint_proj.weight.zero_()
+            head.joint_proj.bias.zero_()
+            head.joint_proj.weight[2 * vocab :, vocab : 2 * vocab] = 10.0 * torch.eye(vocab)
+    return drafter
+
+
+def load_generate_module():
+    """The custom_generate recipe's template (`DRAFTER` unset: pass the drafter explicitly), imported as a module."""
+    path = Path(dspark_hf.hub.__file__).parent / "templates" / "custom_generate" / "generate.py"
+    spec = importlib.util.spec_from_file_location("dspark_custom_generate", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def lossless_cases() -> Counter:
+    """Counts lossless cases by path: a test adds the cases it checked, e.g. ``lossless_cases["greedy batch 1"] += n``."""
+    return _LOSSLESS_COUNTS
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _LOSSLESS_COUNTS:
+        return
+    greedy = {k.removeprefix("greedy "): v for k, v in _LOSSLESS_COUNTS.items() if k.startswith("greedy ")}
+    parts = ", ".join(f"{path} {count}" for path, count in sorted(greedy.items()))
+    terminalreporter.write_line(
+        f"lossless cases: greedy {sum(greedy.values())} ({parts}), sampling {_LOSSLESS_COUNTS['sampling']}"
+    )

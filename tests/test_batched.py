@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import make_drafter, make_target
+from conftest import left_pad, make_drafter, make_target
 from dspark_hf.generation.batched import DSparkBatchEngine
 
 
@@ -15,13 +15,6 @@ def solo(target, prompt, max_new_tokens, **kwargs):
     out = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0,
                           **kwargs)
     return out[0, len(prompt):].tolist()
-
-
-def left_pad(prompts):
-    width = max(map(len, prompts))
-    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -111,14 +104,27 @@ def test_batched_greedy_property(seed, prompts, max_new_tokens, block_size):
         assert out[row, ids.shape[1]:].tolist() == solo(target, prompt, max_new_tokens, eos_token_id=None)
 
 
-def test_batched_sampling_runs_and_respects_lengths():
-    target = make_target("llama", seed=3)
+def test_batched_sampling_stops_at_eos_or_budget_and_repeats_with_the_seed():
+    """Sampled rows of different prompt lengths keep their prompt, stop at their first EOS (padding after it) or at the
+    length budget, draft and accept, and come out the same again under the same seed."""
+    target = make_target("llama", seed=3, vocab_size=8)  # 8 tokens: the EOS is sampled often, drafts accepted
     drafter = make_drafter(target, block_size=4)
+    ids, mask = left_pad([[5, 6], [7, 3, 4, 6], [3], [4, 4, 5], [6, 7], [5]])
+    kwargs = dict(attention_mask=mask, assistant_model=drafter, do_sample=True, max_new_tokens=10, pad_token_id=0,
+                  eos_token_id=2)  # fmt: skip
     torch.manual_seed(0)
-    ids, mask = left_pad([[5, 6], [7, 8, 9, 10]])
-    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=True, max_new_tokens=12,
-                          pad_token_id=0, eos_token_id=None)
-    assert out.shape == (2, ids.shape[1] + 12)
+    out = target.generate(ids, **kwargs)
+    assert torch.equal(out[:, : ids.shape[1]], ids)
+    ends = []
+    for row, stats in zip(out[:, ids.shape[1]:].tolist(), drafter.batch_generation_stats):
+        end = row.index(2) + 1 if 2 in row[:10] else 10
+        assert set(row[end:]) <= {0} and len(row) <= 10
+        assert sum(len(r.draft_ids) for r in stats.rounds) > 0
+        ends.append(end)
+    assert 10 in ends and min(ends) < 10, ends  # rows stopped by the budget and by the EOS
+    assert sum(r.accepted for r in drafter.generation_stats.rounds) > 0
+    torch.manual_seed(0)
+    assert torch.equal(target.generate(ids, **kwargs), out)
 
 
 def _run_and_compare_with_solo(engine, max_new_tokens):
@@ -142,6 +148,17 @@ def test_batched_policies_stay_lossless(policy):
     requests = _run_and_compare_with_solo(DSparkBatchEngine(target, drafter, policy=chosen, pad_token_id=0), 13)
     verified = {r.verified for request in requests for r in request.stats.rounds}
     assert len(verified) > 1 or verified != {drafter.config.block_size}  # the policy really cut drafts
+
+
+def test_batched_fixed_length_policy_verifies_that_many_drafts():
+    from dspark_hf.generation.policies import FixedLengthPolicy
+
+    target = make_target("llama", seed=6)
+    drafter = make_drafter(target, block_size=4)
+    requests = _run_and_compare_with_solo(DSparkBatchEngine(target, drafter, policy=FixedLengthPolicy(2),
+                                                            pad_token_id=0), 13)  # fmt: skip
+    # 2 drafts a round, fewer only where the length budget is shorter
+    assert {r.verified for request in requests for r in request.stats.rounds[:-1]} == {2}
 
 
 def test_batched_hardware_aware_skips_a_costly_drafter_and_stays_lossless():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import make_drafter, make_target
+from conftest import left_pad, make_drafter, make_target
 from dspark_hf.models import drafter_dtype
-from test_batched import left_pad, solo
+from test_batched import solo
 from test_sampling_exact import _chi_square, _critical_value, _models
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,14 +16,13 @@ from huggingface_hub import HfApi, ModelCard
 from safetensors import safe_open
 from transformers import AutoModel, BatchEncoding
 
-from conftest import make_drafter, make_target
+from conftest import load_generate_module, make_drafter, make_target
 from dspark_hf import DSparkDrafter, cli, hub, interop, testing
 from test_training_helpers import char_tokenizer
 
 
 PROMPT = torch.tensor([[5, 17, 42, 99, 7, 8, 9]])
 CARD = {"base_model": "org/tiny-target", "license": "apache-2.0", "datasets": ["org/chat-responses"]}
-GENERATE_PY = Path(hub.__file__).parent / "templates" / "custom_generate" / "generate.py"
 
 
 
@@ -310,13 +308,6 @@ def test_push_command_binds_a_compact_drafter_to_target(tmp_path):
 # --- custom_generate: DSpark for users without dspark-hf -------------------------------------------------------------
 
 
-def load_generate_module():
-    spec = importlib.util.spec_from_file_location("dspark_custom_generate", GENERATE_PY)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.usefixtures("modules_cache")
 def test_custom_generate_folder_matches_target_and_dspark_hf(tmp_path):
     target, path = predictable_pair(tmp_path, dtype="float32")
@@ -396,13 +387,21 @@ def test_standalone_rejection_sampling_reproduces_the_target_distribution():
 
 @pytest.mark.usefixtures("modules_cache")
 def test_custom_generate_samples_and_stops(tmp_path):
+    """Sampling stops at the length budget, and at an EOS: with the same seed and that EOS set, the recipe returns the
+    free run's tokens up to the EOS's first occurrence and stops there (inside a verified block or at its end)."""
     target, path = predictable_pair(tmp_path, dtype="float32")
     hub.write_custom_generate(path, str(path))
+    sample = dict(max_new_tokens=15, do_sample=True, temperature=0.7, top_k=20, top_p=0.9, custom_generate=str(path),
+                  trust_remote_code=True)  # fmt: skip
     torch.manual_seed(0)
-    output = target.generate(PROMPT, max_new_tokens=15, do_sample=True, temperature=0.7, top_k=20, top_p=0.9,
-                             custom_generate=str(path), trust_remote_code=True)  # fmt: skip
-    assert output.shape[1] <= PROMPT.shape[1] + 15 and torch.equal(output[:, : PROMPT.shape[1]], PROMPT)
-    assert int(output.max()) < 300
+    free = target.generate(PROMPT, eos_token_id=None, **sample)
+    assert free.shape[1] == PROMPT.shape[1] + 15 and torch.equal(free[:, : PROMPT.shape[1]], PROMPT)
+    new = free[0, PROMPT.shape[1]:].tolist()
+    assert max(new) < 300
+    eos = next(token for token in new[4:] if new.index(token) >= 4)  # first emitted in a later round
+    torch.manual_seed(0)
+    stopped = target.generate(PROMPT, eos_token_id=eos, **sample)
+    assert stopped[0].tolist() == free[0, : PROMPT.shape[1] + new.index(eos) + 1].tolist()
 
 
 @pytest.mark.parametrize("kwargs, message", [

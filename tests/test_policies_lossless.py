@@ -227,21 +227,32 @@ def _chi_square_p_value(counts, expected_probs, min_expected=5.0):
     return float(torch.special.gammaincc(torch.tensor(degrees / 2.0, dtype=torch.float64), statistic / 2))
 
 
-def test_sampled_output_follows_the_target_distribution(single_thread):
+def test_sampled_output_follows_the_target_distribution(single_thread, lossless_cases):
     """With a policy that truncates by sampled-token-dependent confidences, the joint distribution of the first
     tokens is the target's (χ² over all VOCAB^3 outcomes; fixed seeds, so the outcome is deterministic)."""
     target, drafter = _sampling_pair()
     counts, verified, accepted, _ = _sample_counts(target, drafter, NUM_SAMPLES)
     assert verified == {0, 1, 2} and accepted > NUM_SAMPLES // 2, (verified, accepted)  # the policy and drafts matter
     assert _chi_square_p_value(counts, _target_joint(target, PROMPT)) > 1e-3
+    lossless_cases["sampling"] += NUM_SAMPLES
 
 
-def test_sampling_stays_exact_when_the_drafter_is_skipped(single_thread):
+def test_threshold_policy_sampling_follows_the_target_distribution(single_thread, lossless_cases):
+    """The threshold cuts each block at the first confidence below it: c_k reads the drafts before slot k only."""
+    target, drafter = _sampling_pair(ThresholdPolicy(0.5))
+    counts, verified, accepted, _ = _sample_counts(target, drafter, NUM_SAMPLES)
+    assert {0, 1, 2} <= verified and accepted > NUM_SAMPLES // 10, (verified, accepted)
+    assert _chi_square_p_value(counts, _target_joint(target, PROMPT)) > 1e-3
+    lossless_cases["sampling"] += NUM_SAMPLES
+
+
+def test_sampling_stays_exact_when_the_drafter_is_skipped(single_thread, lossless_cases):
     """Rounds without drafting (plan 0 under a costly drafter, with probes in between) mixed with drafted ones."""
     target, drafter = _sampling_pair(HardwareAwarePolicy(STEPS_PER_SECOND, draft_seconds=0.4, max_idle_rounds=2))
     counts, verified, accepted, skipped = _sample_counts(target, drafter, NUM_SAMPLES)
     assert skipped > NUM_SAMPLES // 10 and accepted > NUM_SAMPLES // 10, (skipped, accepted)  # both kinds of round
     assert _chi_square_p_value(counts, _target_joint(target, PROMPT)) > 1e-3
+    lossless_cases["sampling"] += NUM_SAMPLES
 
 
 @pytest.mark.slow

@@ -2,7 +2,8 @@
 
 On a 6-token vocabulary we enumerate the target's exact distribution over its 2nd and 3rd sampled tokens (the first
 comes from the prefill; the next ones from the first draft-and-verify round), draw
-thousands of DSpark generations, and run a chi-square test. The drafter's Markov head is made strong, so its drafts
+a thousand DSpark generations per path and policy (batch 1, the batched engine, the custom_generate recipe), and run a
+chi-square test. The drafter's Markov head is made strong, so its drafts
 come from a distribution far from both the target and its own base logits: if verification used anything other than
 the Markov-corrected logits the drafts were drawn from, the output would follow the draft, and the test fails (the
 negative control below shows it does).
@@ -10,15 +11,19 @@ negative control below shows it does).
 
 from __future__ import annotations
 
+import pytest
 import torch
+from transformers import GenerationConfig
 
-from conftest import make_drafter, make_target
-from dspark_hf.generation import candidate_generator as candidate_module
+from conftest import load_generate_module, make_drafter, make_target
+from dspark_hf.generation.batched import DSparkBatchEngine
+from dspark_hf.generation.policies import FixedLengthPolicy, FullBlockPolicy, HardwareAwarePolicy, ThresholdPolicy
 
 
 VOCAB = 6
 PROMPT = torch.tensor([[1, 4, 3]])
 NUM_SAMPLES = 1000
+BATCH_ROWS = NUM_SAMPLES // 4  # the batched engine draws its samples as rows of a few large batches
 GEN = dict(do_sample=True, temperature=1.0, top_k=None, top_p=None, max_new_tokens=4, eos_token_id=None, pad_token_id=0)
 
 
@@ -31,7 +36,20 @@ def _models():
         drafter.markov_head.markov_w1.weight.copy_(torch.eye(VOCAB) * 6.0)
         # the drafted token strongly favours (previous + 1) % VOCAB
         drafter.markov_head.markov_w2.weight.copy_(torch.roll(torch.eye(VOCAB), 1, dims=0))
+    # Sharp temperatures spread the random confidence head's c_k over (0, 1): the threshold policy cuts blocks anywhere.
+    drafter.config.confidence_temperatures = [0.03] * 3
     return target, drafter
+
+
+# Every policy, as the batched engine and the recipe run them; the hardware-aware one on a fixed speed table.
+POLICIES = {
+    "full": FullBlockPolicy,
+    "fixed": lambda: FixedLengthPolicy(1),  # the full block is 2 drafts here: the budget leaves 3 tokens after prefill
+    "threshold": lambda: ThresholdPolicy(0.5),
+    # speeds by tokens per verification forward: BATCH_ROWS rows verifying 1, 2, 3 or 4 tokens each
+    "hardware_aware": lambda: HardwareAwarePolicy({BATCH_ROWS * width: speed for width, speed in
+                                                   enumerate([1.0, 0.9, 0.85, 0.8], start=1)}, draft_seconds=0.0),
+}
 
 
 def _next_token_probs(target, prefix: list[int]) -> torch.Tensor:
@@ -55,10 +73,23 @@ def _samples_from_generate(target, drafter):
     return [out[0, PROMPT.shape[1] + 1 : PROMPT.shape[1] + 3].tolist()]
 
 
-def _samples_from_batch(target, drafter, rows: int = 3):
-    """The batched path: `rows` copies of the prompt in one left-padded batch, verified together."""
+def _samples_from_batch(target, drafter, rows: int = BATCH_ROWS):
+    """The batched engine: `rows` copies of the prompt in one batch, drafted and verified together."""
     out = target.generate(PROMPT.repeat(rows, 1), assistant_model=drafter, **GEN)
     return out[:, PROMPT.shape[1] + 1 : PROMPT.shape[1] + 3].tolist()
+
+
+def _recipe_sampler(recipe, folder, threshold: float):
+    """The custom_generate recipe's decoding loop on the drafter saved in `folder` (what `target.generate(...,
+    custom_generate=...)` runs once it has resolved its arguments; tests/test_lossless_sweep.py goes through generate)."""
+    config = GenerationConfig(**{k: v for k, v in GEN.items() if k != "pad_token_id"})
+
+    def sampler(target, _):
+        drafter = recipe.load_drafter(str(folder), target)
+        out = recipe.speculative_generate(target, drafter, PROMPT, config, threshold)
+        return [out[0, PROMPT.shape[1] + 1 : PROMPT.shape[1] + 3].tolist()]
+
+    return sampler
 
 
 def _chi_square(target, drafter, seed: int, sampler=_samples_from_generate) -> float:
@@ -79,43 +110,77 @@ def _critical_value(df: int, z: float = 3.09) -> float:
     return df * (1 - 2 / (9 * df) + z * (2 / (9 * df)) ** 0.5) ** 3
 
 
-def test_sampled_tokens_follow_the_target_distribution():
+def test_sampled_tokens_follow_the_target_distribution(lossless_cases):
     target, drafter = _models()
     statistic, cells = _chi_square(target, drafter, seed=0)
     assert drafter.generation_stats.num_rounds > 0
     assert statistic < _critical_value(cells), (statistic, cells)
+    lossless_cases["sampling"] += NUM_SAMPLES
 
 
-def test_batched_sampling_follows_the_target_distribution():
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_batched_engine_sampling_follows_the_target_distribution(policy, lossless_cases):
     target, drafter = _models()
+    drafter.verification_policy = POLICIES[policy]()
     statistic, cells = _chi_square(target, drafter, seed=1, sampler=_samples_from_batch)
+    rounds = [r for stats in drafter.batch_generation_stats for r in stats.rounds]
+    assert sum(r.accepted for r in rounds) > 0  # drafts were verified and accepted
+    # the first round makes y_2 and y_3; the hardware-aware plan depends on the speeds it measures
+    verified = {stats.rounds[0].verified for stats in drafter.batch_generation_stats}
+    assert verified == {"full": {2}, "fixed": {1}, "threshold": {0, 1, 2}}.get(policy, verified), verified
     assert statistic < _critical_value(cells), (statistic, cells)
+    lossless_cases["sampling"] += NUM_SAMPLES
 
 
-def test_reduced_vocabulary_sampling_follows_the_target_distribution():
-    """Drafts come only from 4 of the 6 tokens (the Markov head's favourite is often outside them): speculative
-    sampling must still reproduce the target, which puts mass on all 6."""
+def test_custom_generate_recipe_sampling_follows_the_target_distribution(tmp_path, lossless_cases):
+    """The recipe's policy, `dspark_confidence_threshold`: blocks cut at the first confidence below 0.5, which the
+    sharp confidences place anywhere (full blocks, the other setting, included)."""
+    target, drafter = _models()
+    drafter.save_pretrained(tmp_path)
+    verdicts, recipe = [], load_generate_module()
+    verify = recipe.verify
+
+    def recording_verify(draft_ids, *args):
+        verdicts.append(len(draft_ids))
+        return verify(draft_ids, *args)
+
+    recipe.verify = recording_verify
+    statistic, cells = _chi_square(target, drafter, seed=3, sampler=_recipe_sampler(recipe, tmp_path, threshold=0.5))
+    assert {0, 1, 2} <= set(verdicts), set(verdicts)
+    assert statistic < _critical_value(cells), (statistic, cells)
+    lossless_cases["sampling"] += NUM_SAMPLES
+
+
+def test_reduced_vocabulary_fixed_length_sampling_follows_the_target_distribution(lossless_cases):
+    """Drafts come only from 4 of the 6 tokens (the Markov head's favourite is often outside them), and the fixed-length
+    policy verifies one of them a round: speculative sampling must still reproduce the target, which puts mass on all
+    6 (one set of generations for two settings of batch 1)."""
     target, drafter = _models()
     drafter.reduce_vocabulary([0, 2, 3, 5])
+    drafter.verification_policy = FixedLengthPolicy(1)
     statistic, cells = _chi_square(target, drafter, seed=2)
     drafted = {t for r in drafter.generation_stats.rounds for t in (r.draft_ids or [])}
     assert drafted and drafted <= {0, 2, 3, 5}
+    assert drafter.generation_stats.rounds[0].verified == 1
     assert statistic < _critical_value(cells), (statistic, cells)
+    lossless_cases["sampling"] += NUM_SAMPLES
 
 
-def test_negative_control_uncorrected_logits_are_detected(monkeypatch):
-    """Verifying against the base logits instead of the Markov-corrected ones must break the distribution."""
+def test_negative_control_a_wrong_draft_distribution_is_detected(monkeypatch):
+    """Verifying slot 2's draft against slot 1's distribution (the Markov correction for the drafted token dropped) must
+    break the distribution, at the sample size of the tests above (cheap on the batched engine: the statistic's power
+    does not depend on the path that produced the samples)."""
+    draft = DSparkBatchEngine._draft
+
+    def wrong_logits(self, *args, **kwargs):
+        result = draft(self, *args, **kwargs)
+        result.logits = result.logits[:, :1].expand_as(result.logits).contiguous()
+        return result
+
+    monkeypatch.setattr(DSparkBatchEngine, "_draft", wrong_logits)
     target, drafter = _models()
-    original = candidate_module.DSparkCandidateGenerator._sample_drafts
-
-    def broken(self, input_ids, hidden_states, logits, max_drafts):
-        ids, _, confidences, raw = original(self, input_ids, hidden_states, logits, max_drafts)
-        base = [logits[k][None].to(input_ids.device) for k in range(len(ids))]
-        return ids, base, confidences, raw
-
-    monkeypatch.setattr(candidate_module.DSparkCandidateGenerator, "_sample_drafts", broken)
-    statistic, cells = _chi_square(target, drafter, seed=0)
-    assert statistic > 10 * _critical_value(cells), (statistic, cells)
+    statistic, cells = _chi_square(target, drafter, seed=0, sampler=_samples_from_batch)
+    assert statistic > 5 * _critical_value(cells), (statistic, cells)  # 317 against a critical value of 51
 
 
 def test_exact_distribution_is_normalised():

@@ -55,9 +55,11 @@ def test_drafter_cache_holds_one_entry_per_committed_position(target, drafter):
     finally:
         DSparkCandidateGenerator.__init__ = original_init
     (generator,) = generators
-    # The cache covers all positions up to the last anchor; block K/V are never kept.
+    # The cache covers every position before the last round's anchor, exactly; block K/V are never kept. That round
+    # committed its accepted drafts and one more token after the anchor.
+    last_round = drafter.generation_stats.rounds[-1]
     assert generator.cache.get_seq_length() == generator.context_length
-    assert generator.context_length <= out.shape[1] - 1
+    assert generator.context_length == out.shape[1] - 2 - last_round.accepted
 
 
 def test_context_is_complete_after_rounds_without_drafting():

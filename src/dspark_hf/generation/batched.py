@@ -26,7 +26,7 @@ from ..modeling_dspark import DSparkDrafter
 from ..scheduling import drafted_step_throughput, expected_tokens_by_width, plan_is_settled
 from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
-from .policies import FixedLengthPolicy, FullBlockPolicy, HardwareAwarePolicy, VerificationPolicy, resolve_policy
+from .policies import HardwareAwarePolicy, VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
 
 
@@ -431,10 +431,8 @@ class DSparkBatchEngine:
                                        draft_seconds=self.policy.drafting_cost(rows))
 
     def _verification_lengths(self, confidences: list[list[float]], budgets: list[int], width: int | None) -> list[int]:
-        if isinstance(self.policy, FixedLengthPolicy):  # needs no confidences, but is not the whole block either
-            lengths = [self.policy.length] * len(budgets)
-        elif isinstance(self.policy, FullBlockPolicy) or not self.policy.requires_confidence:
-            lengths = [self.drafter.config.block_size] * len(budgets)
+        if not self.policy.requires_confidence:  # full, fixed: the same length for every row, whatever it drafted
+            lengths = [self.policy.verification_length([0.0] * self.drafter.config.block_size)] * len(budgets)
         elif width is not None:  # hardware-aware: planned before drafting
             lengths = [width - 1] * len(budgets)
         else:
