@@ -146,5 +146,6 @@ def pytest_terminal_summary(terminalreporter):
     greedy = {k.removeprefix("greedy "): v for k, v in _LOSSLESS_COUNTS.items() if k.startswith("greedy ")}
     parts = ", ".join(f"{path} {count}" for path, count in sorted(greedy.items()))
     terminalreporter.write_line(
-        f"lossless cases: greedy {sum(greedy.values())} ({parts}), sampling {_LOSSLESS_COUNTS['sampling']}"
+        f"lossless cases: greedy {sum(greedy.values())}{f' ({parts})' if parts else ''}, "
+        f"sampling {_LOSSLESS_COUNTS['sampling']}"
     )
