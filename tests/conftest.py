@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 from collections import Counter
 from pathlib import Path
@@ -10,11 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from hypothesis import settings
+from safetensors import safe_open
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 import dspark_hf  # noqa: F401  (installs the generate integration)
 import dspark_hf.hub
-from dspark_hf import DSparkDrafter
+from dspark_hf import DSparkDrafter, interop, testing
 
 
 # Property tests draw the same examples on every run, so the suite passes or fails the same way in CI;
@@ -149,3 +151,55 @@ def pytest_terminal_summary(terminalreporter):
         f"lossless cases: greedy {sum(greedy.values())}{f' ({parts})' if parts else ''}, "
         f"sampling {_LOSSLESS_COUNTS['sampling']}"
     )
+
+
+# --- synthetic official checkpoints (tests/test_hub.py, tests/test_gemma4.py) ----------------------------------------
+
+SYNTHETIC_PROMPT = torch.tensor([[5, 17, 42, 99, 7, 8, 9]])
+
+
+def predictable_pair(tmp_path, variant="qwen3", dtype="bfloat16", reject=True, **config_kwargs):
+    """A bigram target and an official-layout drafter checkpoint that drafts its greedy tokens, except after one
+    token of the greedy trajectory (so verification both accepts and rejects)."""
+    target = testing.synthetic_target(variant, predictable=True)
+    wrong_after = []
+    if reject:
+        wrong_after = [int(target.generate(SYNTHETIC_PROMPT, max_new_tokens=4, do_sample=False)[0, -1])]
+    path = testing.write_synthetic_checkpoint(tmp_path / f"drafter-{variant}", variant=variant, target=target,
+                                              imitate_target=True, wrong_after=wrong_after, dtype=dtype,
+                                              **config_kwargs)  # fmt: skip
+    return target, path
+
+
+def count_forwards(model):
+    calls = []
+    model.register_forward_hook(lambda *args: calls.append(1))
+    return calls
+
+
+def assert_round_trip_is_byte_identical(source: Path, saved: Path) -> None:
+    """Same tensor names, dtypes and bytes; the same config keys and values (but the writer's version)."""
+    original, written = interop.read_tensor_headers(source), interop.read_tensor_headers(saved)
+    assert original == written
+    for name, tensor in _tensors(source).items():
+        assert torch.equal(tensor.view(torch.uint8), _tensors(saved)[name].view(torch.uint8)), name
+    config, saved_config = (json.loads((p / "config.json").read_text()) for p in (source, saved))
+    assert sorted(config) == sorted(saved_config)
+    assert {k: v for k, v in config.items() if k != "transformers_version"} == {
+        k: v for k, v in saved_config.items() if k != "transformers_version"
+    }
+
+
+def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(file, framework="pt") as handle:
+            tensors.update({name: handle.get_tensor(name).contiguous() for name in handle.keys()})
+    return tensors
+
+
+def solo(target, prompt, max_new_tokens, **kwargs):
+    """The target's own greedy continuation of one prompt (a list of ids), for comparing batched rows with."""
+    out = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0,
+                          **kwargs)
+    return out[0, len(prompt):].tolist()

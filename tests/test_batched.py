@@ -7,14 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import left_pad, make_drafter, make_target
+from conftest import left_pad, make_drafter, make_target, solo
 from dspark_hf.generation.batched import DSparkBatchEngine
-
-
-def solo(target, prompt, max_new_tokens, **kwargs):
-    out = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0,
-                          **kwargs)
-    return out[0, len(prompt):].tolist()
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])

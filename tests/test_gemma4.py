@@ -8,10 +8,15 @@ import pytest
 import torch
 from transformers import AutoModel, Gemma4Config
 
+from conftest import (
+    SYNTHETIC_PROMPT as PROMPT,
+    assert_round_trip_is_byte_identical,
+    count_forwards,
+    load_generate_module,
+    predictable_pair,
+)
 from dspark_hf import hub, interop, testing
 from dspark_hf.modeling_dspark_gemma4 import DSparkGemma4Config, DSparkGemma4Drafter, softcap_logits
-
-from test_hub import PROMPT, assert_round_trip_is_byte_identical, count_forwards, load_generate_module, predictable_pair
 
 
 def test_official_config_round_trips_exactly(tmp_path):

@@ -13,36 +13,22 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import HfApi, ModelCard
-from safetensors import safe_open
 from transformers import AutoModel, BatchEncoding
 
-from conftest import load_generate_module, make_drafter, make_target
+from conftest import (
+    SYNTHETIC_PROMPT as PROMPT,
+    assert_round_trip_is_byte_identical,
+    count_forwards,
+    load_generate_module,
+    make_drafter,
+    make_target,
+    predictable_pair,
+)
 from dspark_hf import DSparkDrafter, cli, hub, interop, testing
 from test_training_helpers import char_tokenizer
 
 
-PROMPT = torch.tensor([[5, 17, 42, 99, 7, 8, 9]])
 CARD = {"base_model": "org/tiny-target", "license": "apache-2.0", "datasets": ["org/chat-responses"]}
-
-
-
-def predictable_pair(tmp_path, variant="qwen3", dtype="bfloat16", reject=True, **config_kwargs):
-    """A bigram target and an official-layout drafter checkpoint that drafts its greedy tokens, except after one
-    token of the greedy trajectory (so verification both accepts and rejects)."""
-    target = testing.synthetic_target(variant, predictable=True)
-    wrong_after = []
-    if reject:
-        wrong_after = [int(target.generate(PROMPT, max_new_tokens=4, do_sample=False)[0, -1])]
-    path = testing.write_synthetic_checkpoint(tmp_path / f"drafter-{variant}", variant=variant, target=target,
-                                              imitate_target=True, wrong_after=wrong_after, dtype=dtype,
-                                              **config_kwargs)  # fmt: skip
-    return target, path
-
-
-def count_forwards(model):
-    calls = []
-    model.register_forward_hook(lambda *args: calls.append(1))
-    return calls
 
 
 # --- loading official checkpoints -------------------------------------------------------------------------------------
@@ -76,27 +62,6 @@ def test_dflash_sibling_loads_without_heads_and_drafts(tmp_path):
     assert drafter.markov_head is None and drafter.confidence_head is None
     expected = target.generate(PROMPT, max_new_tokens=12, do_sample=False)
     assert torch.equal(target.generate(PROMPT, max_new_tokens=12, do_sample=False, assistant_model=drafter), expected)
-
-
-def assert_round_trip_is_byte_identical(source: Path, saved: Path) -> None:
-    """Same tensor names, dtypes and bytes; the same config keys and values (but the writer's version)."""
-    original, written = interop.read_tensor_headers(source), interop.read_tensor_headers(saved)
-    assert original == written
-    for name, tensor in _tensors(source).items():
-        assert torch.equal(tensor.view(torch.uint8), _tensors(saved)[name].view(torch.uint8)), name
-    config, saved_config = (json.loads((p / "config.json").read_text()) for p in (source, saved))
-    assert sorted(config) == sorted(saved_config)
-    assert {k: v for k, v in config.items() if k != "transformers_version"} == {
-        k: v for k, v in saved_config.items() if k != "transformers_version"
-    }
-
-
-def _tensors(folder: Path) -> dict[str, torch.Tensor]:
-    tensors = {}
-    for file in sorted(folder.glob("*.safetensors")):
-        with safe_open(file, framework="pt") as handle:
-            tensors.update({name: handle.get_tensor(name).contiguous() for name in handle.keys()})
-    return tensors
 
 
 @pytest.mark.parametrize("dflash", [False, True])

@@ -186,3 +186,12 @@ def test_negative_control_a_wrong_draft_distribution_is_detected(monkeypatch):
 def test_exact_distribution_is_normalised():
     target, _ = _models()
     assert torch.isclose(_exact_distribution(target).sum(), torch.tensor(1.0), atol=1e-5)
+
+
+def test_bfloat16_drafter_sampling_follows_the_target_distribution():
+    """Drafts are drawn from bf16-computed logits; verification must use exactly those (upcast), not a re-rounding."""
+    target, drafter = _models()
+    drafter.to(torch.bfloat16)
+    statistic, cells = _chi_square(target, drafter, seed=2)
+    assert drafter.generation_stats.num_rounds > 0
+    assert statistic < _critical_value(cells), (statistic, cells)
