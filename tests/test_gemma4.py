@@ -77,7 +77,7 @@ def test_logits_are_soft_capped():
 def test_training_reads_the_gemma_targets_soft_capped_logits(tmp_path):
     from dspark_hf.training.blocks import DSparkBlocks
     from dspark_hf.training.collator import DSparkDataCollator
-    from dspark_hf.training.objective import supervised_target_logits
+    from dspark_hf.training.objective import supervised_targets
 
     target, _ = predictable_pair(tmp_path, variant="gemma4")
     drafter = DSparkGemma4Drafter.from_target(target, mask_token_id=4).float().eval()
@@ -87,7 +87,7 @@ def test_training_reads_the_gemma_targets_soft_capped_logits(tmp_path):
     batch = collator([{"input_ids": [2, 7, 4, 9, 4, 7, 11, 3, 5, 6, 8, 10, 4, 7], "loss_mask": [0] * 3 + [1] * 11}])
     blocks = DSparkBlocks.from_dict(batch)
     out = target(input_ids=batch["input_ids"], output_hidden_states=True)
-    logits = supervised_target_logits(drafter, out.hidden_states[-1], blocks, drafter.config.block_size)
+    logits = supervised_targets(drafter, out.hidden_states[-1], blocks).logits
     rows, block_index, slots = torch.nonzero(blocks.supervised, as_tuple=True)
     positions = blocks.anchors[rows, block_index] + slots
     torch.testing.assert_close(logits, out.logits[rows, positions].float(), atol=1e-4, rtol=1e-4)

@@ -7,12 +7,13 @@ from conftest import make_drafter, make_target
 from dspark_hf.training import features
 from dspark_hf.training.blocks import DSparkBlocks
 from dspark_hf.training.collator import DSparkDataCollator
+from dspark_hf.training.losses import slot_weights
 from dspark_hf.training.features import FeatureCache, TargetSignalProvider, compute_target_signals
 from dspark_hf.training.objective import (
     compute_dspark_loss,
     corrected_draft_logits,
     drafter_block_states,
-    supervised_target_logits,
+    supervised_targets,
 )
 from test_training_helpers import single_thread
 
@@ -75,7 +76,7 @@ def test_target_logits_are_the_targets_own_logits_at_the_predicting_position():
     batch, blocks = _batch(1)
     signals = compute_target_signals(target, batch["input_ids"], batch["attention_mask"],
                                      drafter.config.target_layer_ids)
-    logits = supervised_target_logits(drafter, signals.last_hidden_state, blocks, BLOCK)
+    logits = supervised_targets(drafter, signals.last_hidden_state, blocks).logits
     with torch.no_grad():
         full = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     rows, blocks_, slots = torch.nonzero(blocks.supervised, as_tuple=True)
@@ -105,6 +106,46 @@ def test_gradients_reach_the_drafter_but_not_its_frozen_vocabulary(options):
         if parameter.requires_grad:
             assert parameter.grad is not None and torch.isfinite(parameter.grad).all(), name
     assert drafter.fc.weight.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("head", ["vanilla", "rnn"])
+def test_training_over_a_reduced_vocabulary_is_the_full_vocabulary_loss_of_the_reduced_drafter(head):
+    """Over a draft vocabulary D the drafter puts no mass outside D: the full-vocabulary loss terms of its
+    distribution (draft logits -inf outside D) must equal the ones computed over D plus the target's outside mass."""
+    target = make_target()
+    drafter = make_drafter(target, block_size=BLOCK, markov_head_type=head)
+    batch, blocks = _batch(4)
+    signals = compute_target_signals(target, batch["input_ids"], batch["attention_mask"],
+                                     drafter.config.target_layer_ids)
+    kept = torch.arange(0, 97, 2)  # every other id: some labels fall outside
+    drafter.reduce_vocabulary(kept)
+    weight = target.get_output_embeddings().weight
+    reduced = compute_dspark_loss(drafter, blocks, signals, target_lm_head=weight)
+    with pytest.raises(ValueError, match="target_lm_head"):
+        compute_dspark_loss(drafter, blocks, signals)
+
+    states = drafter_block_states(drafter, blocks, signals.context_features, BLOCK)
+    draft = drafter.to_target_vocabulary(corrected_draft_logits(drafter, states, blocks.previous_ids,
+                                                                blocks.supervised))
+    rows, blocks_, slots = torch.nonzero(blocks.supervised, as_tuple=True)
+    with torch.no_grad():
+        full = target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    target_probs = full[rows, blocks.anchors[rows, blocks_] + slots].float().softmax(-1)
+    tv = (draft.softmax(-1) - target_probs).abs().sum(-1)
+    weights = slot_weights(blocks.supervised)[blocks.supervised]
+    denominator = weights.sum() + 1e-6
+    labels = blocks.labels[blocks.supervised]
+    inside = torch.isin(labels, kept)
+    assert inside.any() and not inside.all()
+    ce = -(draft.log_softmax(-1)[inside, labels[inside]] * weights[inside]).sum() / denominator
+    confidence = torch.nn.functional.binary_cross_entropy_with_logits(
+        drafter.confidence_logits(states[blocks.supervised], blocks.previous_ids[blocks.supervised]),
+        (1 - tv / 2).clamp(0, 1).detach(), reduction="none")
+    torch.testing.assert_close(reduced.tv, (tv * weights).sum() / denominator)
+    torch.testing.assert_close(reduced.ce, ce)
+    torch.testing.assert_close(reduced.confidence, (confidence * weights).sum() / denominator)
+    reduced.loss.backward()
+    assert drafter.fc.weight.grad.abs().sum() > 0 and drafter.markov_head.markov_w2.weight.grad.abs().sum() > 0
 
 
 def test_feature_cache_round_trip_and_fingerprint(tmp_path, monkeypatch):

@@ -155,16 +155,19 @@ def test_bad_training_data_paths_are_one_line_errors_naming_the_fix(tmp_path, ca
     assert "holds no parquet shards" in error and "`dspark-hf prepare-data` output folder" in error
 
 
-def test_a_reduced_drafter_is_refused_in_one_line_naming_the_way_out(tmp_path, capsys):
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_reduced_compact_drafter_trains_over_its_draft_vocabulary(tmp_path, lora):
     target = _save_target(tmp_path)
     drafter = DSparkDrafter.from_target(target, block_size=3, markov_rank=8)
     drafter.reduce_vocabulary(torch.arange(40))
-    drafter.save_compact(tmp_path / "reduced")  # compact, as shipped: needs --target to load at all
-    argv = ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "reduced"), "--lora_r", "4",
-            "--train_data", _save_data(tmp_path, target), "--output_dir", str(tmp_path / "run")]
-    error = _cli_error(argv, capsys)
-    assert "reduced vocabulary (40 of 97 ids)" in error and "full-vocabulary drafter it was reduced from" in error
-    assert "drop --drafter" in error
+    drafter.save_compact(tmp_path / "reduced")  # compact, as shipped: loaded with --target
+    argv = ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "reduced"), "--max_steps", "2",
+            "--num_anchors", "4", "--train_data", _save_data(tmp_path, target), "--output_dir", str(tmp_path / "run"),
+            "--use_cpu", "--disable_tqdm", "true", "--report_to", "none"]
+    assert train.main(argv + (["--lora_r", "4", "--merge"] if lora else [])) == 0
+    trained = DSparkDrafter.from_pretrained(tmp_path / "run" / ("merged" if lora else ""))
+    assert trained.config.draft_vocab_size == 40 and torch.equal(trained.draft_token_ids, torch.arange(40))
+    assert not torch.equal(trained.fc.weight, drafter.fc.weight)
 
 
 def test_a_compact_drafter_is_loaded_with_the_given_target(tmp_path):

@@ -1,7 +1,8 @@
 """One training step's DSpark objective: the drafter on all blocks of a batch at once, then the loss of section 4.
 
-Logits over the full vocabulary are the expensive part on small machines, so every vocabulary-sized tensor (draft
-logits, Markov bias, target logits) is computed for the supervised slots only.
+Vocabulary-sized heads are the expensive part on small machines, so each is computed only where the loss reads it:
+the draft logits and Markov bias at the supervised slots, over the draft vocabulary; the target's head once per
+supervised position.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Callable
 import torch
 
 from ..modeling_dspark import DSparkDrafter
-from .blocks import DSparkBlocks, block_attention_mask
+from .blocks import IGNORE_INDEX, DSparkBlocks, block_attention_mask
 from .features import TargetSignals
 from .losses import (
     DEFAULT_CE_WEIGHT,
@@ -63,34 +64,84 @@ def drafter_block_states(
 def corrected_draft_logits(
     drafter: DSparkDrafter, states: torch.Tensor, previous_ids: torch.LongTensor, supervised: torch.BoolTensor
 ) -> torch.Tensor:
-    """``z = U(h) + bias(previous token)`` (``U = lm_head``, soft-capped for Gemma) at the supervised slots,
-    `(N, vocab)` fp32 (teacher forced).
+    """``z = U(h) + bias(previous token)`` (``U = lm_head``, soft-capped for Gemma) at the supervised slots, over the
+    draft vocabulary (the whole vocabulary unless the drafter has a reduced one), `(N, draft_vocab)` fp32 (teacher
+    forced).
 
     Args:
         states (`torch.Tensor` of shape `(batch, n, B, hidden)`), previous_ids (`torch.LongTensor` of shape
             `(batch, n, B)`), supervised (`torch.BoolTensor` of shape `(batch, n, B)`).
     """
-    head = drafter.markov_head
-    if head is not None and head.head_type == "rnn":  # the state runs through every slot of a block
-        bias = head.teacher_forced(previous_ids, states)[supervised]
-        return drafter.base_logits(states[supervised]).float() + bias.float()
     hidden = states[supervised]
-    return drafter.corrected_logits(drafter.draft_logits(hidden), previous_ids[supervised], hidden)[0]
+    logits = drafter.draft_logits(hidden).float()
+    head = drafter.markov_head
+    if head is None:
+        return logits
+    if head.head_type == "rnn":  # the state runs through every slot of a block
+        bias = head.teacher_forced(previous_ids, states)[supervised]
+    else:
+        bias = head(previous_ids[supervised], hidden)[0]
+    return logits + bias.float()
 
 
-def supervised_target_logits(
-    drafter: DSparkDrafter, last_hidden_state: torch.Tensor, blocks: DSparkBlocks, block_size: int
-) -> torch.Tensor:
-    """The target's logits for the supervised slots, ``lm_head(last_hidden_state[p + k])``, `(N, vocab)` fp32.
+@dataclass
+class SupervisedTargets:
+    """What the target says at the supervised slots, `N` of them.
+
+    Attributes:
+        logits (`torch.Tensor` of shape `(N, vocab)`): the target's logits, fp32; over a reduced draft vocabulary,
+            its log-probabilities (normalized over the whole vocabulary) at the draft ids, `(N, draft_vocab)`.
+        outside_mass (`torch.Tensor` of shape `(N,)`, *optional*): over a reduced draft vocabulary, the target's
+            probability of the ids outside it.
+        labels (`torch.LongTensor` of shape `(N,)`): the next tokens, as draft ids (-100 outside the draft vocabulary).
+    """
+
+    logits: torch.Tensor
+    outside_mass: torch.Tensor | None
+    labels: torch.LongTensor
+
+
+@torch.no_grad()
+def supervised_targets(
+    drafter: DSparkDrafter,
+    last_hidden_state: torch.Tensor,
+    blocks: DSparkBlocks,
+    target_lm_head: torch.Tensor | None = None,
+) -> SupervisedTargets:
+    """The target's distribution at every supervised slot, from its final hidden states.
 
     Slot ``k`` of the block at anchor ``p`` predicts ``x_{p+k+1}``, which the target predicts from position ``p + k``.
-    The drafter's frozen `lm_head` is the target's own head (soft-capped as the target caps it, for Gemma).
+    Neighbouring blocks overlap (slot ``k`` at ``p`` and slot ``k - 1`` at ``p + 1`` read the same position), so each
+    position's vocabulary-sized head runs once and slots gather from it. A full-vocabulary drafter's frozen `lm_head`
+    is the target's own; a reduced one keeps only the draft rows, so `target_lm_head` (the target's output weight,
+    `(vocab, hidden)`) is needed for the mass outside the draft vocabulary.
     """
+    block_size = drafter.config.block_size
+    batch, seq_len = last_hidden_state.shape[:2]
     positions = blocks.anchors[..., None] + torch.arange(block_size, device=blocks.anchors.device)
-    rows = torch.arange(positions.shape[0], device=positions.device)[:, None, None]
-    states = last_hidden_state[rows.expand_as(positions)[blocks.supervised], positions[blocks.supervised]]
-    with torch.no_grad():
-        return drafter.base_logits(states.to(drafter.lm_head.weight.dtype)).float()
+    rows = torch.arange(batch, device=positions.device)[:, None, None].expand_as(positions)
+    flat = (rows * seq_len + positions)[blocks.supervised]
+    unique, slot_index = torch.unique(flat, return_inverse=True)
+    states = last_hidden_state.flatten(0, 1)[unique]
+    labels = blocks.labels[blocks.supervised]
+    draft_ids = drafter.draft_token_ids
+    if draft_ids is None:
+        logits = drafter.base_logits(states.to(drafter.lm_head.weight.dtype)).float()
+        return SupervisedTargets(logits[slot_index], None, labels)
+    if target_lm_head is None:
+        raise ValueError(
+            "This drafter drafts over a reduced vocabulary and keeps only those rows of the LM head; pass the "
+            "target's output weight as target_lm_head (target.get_output_embeddings().weight)."
+        )
+    logits = torch.nn.functional.linear(states.to(target_lm_head.dtype), target_lm_head).float()
+    cap = getattr(drafter.config, "final_logit_softcapping", None)
+    if cap is not None:  # Gemma caps its logits; the drafter's frozen head does the same
+        logits = torch.tanh(logits / cap) * cap
+    log_probs = logits.log_softmax(dim=-1)
+    outside = log_probs.masked_fill(drafter.t2d, float("-inf")).logsumexp(dim=-1).exp()
+    to_draft = torch.full((drafter.config.vocab_size,), IGNORE_INDEX, dtype=torch.long, device=labels.device)
+    to_draft[draft_ids] = torch.arange(draft_ids.numel(), device=labels.device)
+    return SupervisedTargets(log_probs[:, draft_ids][slot_index], outside[slot_index], to_draft[labels])
 
 
 def compute_dspark_loss(
@@ -100,8 +151,9 @@ def compute_dspark_loss(
     loss_config: DSparkLossConfig | None = None,
     forward: Callable | None = None,
     denominator: torch.Tensor | float | None = None,
+    target_lm_head: torch.Tensor | None = None,
 ) -> DSparkLossOutput:
-    """The DSpark loss of a batch (docs/design.md, "Training").
+    """The DSpark loss of a batch (docs/design.md, "Training"), over the drafter's draft vocabulary.
 
     Args:
         drafter ([`DSparkDrafter`]): the drafter (its heads are called directly).
@@ -110,28 +162,25 @@ def compute_dspark_loss(
         loss_config ([`DSparkLossConfig`], *optional*).
         forward (`Callable`, *optional*): what runs the drafter's forward; pass the DDP/PEFT wrapper when training.
         denominator (*optional*): see [`dspark_loss`].
+        target_lm_head (`torch.Tensor` of shape `(vocab, hidden)`, *optional*): the target's output weight; needed
+            when the drafter has a reduced draft vocabulary (see [`supervised_targets`]).
     """
-    if drafter.config.draft_vocab_size is not None:
-        raise ValueError(
-            f"This drafter drafts over a reduced vocabulary (draft_vocab_size={drafter.config.draft_vocab_size}); the "
-            "DSpark loss compares it with the target over the whole vocabulary. Train (or fine-tune) the "
-            "full-vocabulary drafter, then reduce it with drafter.reduce_vocabulary(...) or `dspark-hf reduce-vocab`."
-        )
     loss_config = loss_config or DSparkLossConfig()
     block_size = drafter.config.block_size
     states = drafter_block_states(forward or drafter, blocks, signals.context_features, block_size)
     supervised = blocks.supervised
     draft_logits = corrected_draft_logits(drafter, states, blocks.previous_ids, supervised)
-    target_logits = supervised_target_logits(drafter, signals.last_hidden_state, blocks, block_size)
+    targets = supervised_targets(drafter, signals.last_hidden_state, blocks, target_lm_head)
     confidence = drafter.confidence_logits(states[supervised], blocks.previous_ids[supervised])
     return dspark_loss(
         draft_logits,
-        target_logits,
-        blocks.labels[supervised],
+        targets.logits,
+        targets.labels,
         slot_weights(supervised, loss_config.loss_decay)[supervised],
         confidence,
         ce_weight=loss_config.ce_weight,
         tv_weight=loss_config.tv_weight,
         confidence_weight=loss_config.confidence_weight,
         denominator=denominator,
+        target_outside_mass=targets.outside_mass,
     )

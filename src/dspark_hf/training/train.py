@@ -194,7 +194,8 @@ class DSparkTrainer(Trainer):
         signals = self.signals(inputs["input_ids"], inputs["attention_mask"])
         blocks = DSparkBlocks.from_dict(inputs)
         denominator, scale = self._global_denominator(blocks, model.training)
-        output = compute_dspark_loss(self.drafter, blocks, signals, self.loss_config, model, denominator)
+        output = compute_dspark_loss(self.drafter, blocks, signals, self.loss_config, model, denominator,
+                                     target_lm_head=self.target.get_output_embeddings().weight)
         self._record_terms(output, "train" if model.training else "eval", scale)
         loss = output.loss * scale
         return (loss, output) if return_outputs else loss
@@ -298,12 +299,6 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
     if model_args.drafter:
         drafter = DSparkDrafter.from_pretrained(model_args.drafter, target=target, dtype=torch.float32)
         config = drafter.config
-        if config.draft_vocab_size is not None:
-            raise ValueError(
-                f"--drafter {model_args.drafter} drafts over a reduced vocabulary ({config.draft_vocab_size} of "
-                f"{config.vocab_size} ids) and training needs the full one: pass the full-vocabulary drafter it was "
-                "reduced from, or drop --drafter to train a new one; reduce after training (`dspark-hf reduce-vocab`)."
-            )
         current = {name: getattr(config, name, None) for name in given}
         if config.markov_rank == 0 and "markov_head_type" in given:
             current["markov_head_type"] = given["markov_head_type"]  # no Markov head: its type does not apply
