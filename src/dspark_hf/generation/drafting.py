@@ -1,15 +1,17 @@
-"""Drafting one block for a batch of rows, and verifying it: the one implementation the DSpark decoding paths run.
+"""Drafting one block for a batch of rows, and verifying it: the one implementation every DSpark decoding path runs.
 
-Batch 1 (`DSparkCandidateGenerator`, inside transformers' assisted loop) and the batched engine (`DSparkBatchEngine`)
-each run the drafter's block forward their own way (their caches differ), then hand its output to [`sample_drafts`]:
-drafts sampled left to right with the Markov bias, confidences, and the verification lengths a [`SlotRule`] decides
-slot by slot. The batched engine verifies with [`verify`]; batch 1 leaves verification to transformers' loop.
+Batch 1 (`DSparkCandidateGenerator`, inside transformers' assisted loop), the batched engine (`DSparkBatchEngine`)
+and the standalone ``custom_generate`` recipe each run the drafter's block forward their own way (their caches
+differ), then hand its output to [`sample_drafts`]: drafts sampled left to right with the Markov bias, confidences,
+and the verification lengths a [`SlotRule`] decides slot by slot (docs/design.md, "Drafting and verification").
+The batched engine and the recipe verify with [`verify`]; batch 1 leaves verification to transformers' loop.
 
 A drafter here is anything with [`DSparkDrafter`]'s three per-slot methods: `confidence_logits`,
-`calibrated_confidence` and `corrected_logits`.
+`calibrated_confidence` and `corrected_logits` (the recipe's standalone drafter has them too).
 
-This module imports torch and the standard library only, so that the standalone ``custom_generate`` recipe, which runs
-without dspark-hf, can be built from it too.
+The recipe runs on the Hub without dspark-hf installed, so `dspark_hf.hub` writes it with this module's source
+inlined: keep this module to torch and the standard library (tests/test_hub.py runs the written recipe without
+dspark-hf).
 """
 
 from __future__ import annotations
