@@ -12,7 +12,7 @@ VOCAB = 10
 
 
 class ChainDrafter:
-    """Drafts ``previous + 1`` (mod VOCAB) after every token; slot k's confidence logit is the row's hidden value at k."""
+    """Drafts ``previous + 1`` (mod VOCAB) after every token; a slot's confidence is the row's hidden value there."""
 
     def confidence_logits(self, hidden_states, previous_ids):
         return hidden_states[:, 0]

@@ -316,11 +316,12 @@ def test_written_recipe_inlines_the_drafting_module_and_runs_without_dspark_hf(t
     folder = hub.write_custom_generate(path, str(path))
     source = (folder / "generate.py").read_text()
     assert inspect.getsource(drafting).split("from __future__ import annotations\n", 1)[1].strip() in source
-    imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
-    assert "dspark_hf" not in imported and imported <= {"__future__", "collections", "dataclasses", "inspect", "json",
-                                                         "os", "torch", "safetensors", "transformers", "huggingface_hub"}
+    nodes = list(ast.walk(ast.parse(source)))
+    imported = {alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names}
+    imported = {name.split(".")[0] for name in imported | {n.module for n in nodes if isinstance(n, ast.ImportFrom)}}
+    allowed = {"__future__", "collections", "dataclasses", "inspect", "json", "os", "torch", "safetensors",
+               "transformers", "huggingface_hub"}  # fmt: skip
+    assert imported <= allowed, imported - allowed  # dspark_hf above all
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     result = subprocess.run([sys.executable, "-c", RUN_WITHOUT_DSPARK_HF, str(tmp_path / "target"), str(path),
                              json.dumps(PROMPT.tolist())], env=env, capture_output=True, text=True, timeout=300)
