@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
+import sys
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -88,8 +89,6 @@ def drafter(target):
 @pytest.fixture
 def modules_cache(tmp_path, monkeypatch):
     """Keeps transformers' dynamic-module copies of custom_generate/generate.py inside tmp_path."""
-    import sys
-
     import transformers.dynamic_module_utils as dynamic_module_utils
 
     monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
@@ -128,11 +127,11 @@ def imitate_transitions(drafter: DSparkDrafter, transitions: dict[int, int], sca
 
 
 def load_generate_module():
-    """The custom_generate recipe's template (`DRAFTER` unset: pass the drafter explicitly), imported as a module."""
-    path = Path(dspark_hf.hub.__file__).parent / "templates" / "custom_generate" / "generate.py"
-    spec = importlib.util.spec_from_file_location("dspark_custom_generate", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    """The custom_generate recipe as `dspark-hf push` writes it (the drafting module inlined, `DRAFTER` unset: pass
+    the drafter explicitly), imported as a module."""
+    module = types.ModuleType("dspark_custom_generate")
+    sys.modules[module.__name__] = module  # dataclasses resolve the recipe's annotations through it
+    exec(compile(dspark_hf.hub.custom_generate_source(), "custom_generate/generate.py", "exec"), module.__dict__)
     return module
 
 

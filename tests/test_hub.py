@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
+import inspect
 import json
 import os
 import subprocess
@@ -291,6 +293,43 @@ def test_custom_generate_folder_matches_target_and_dspark_hf(tmp_path):
     assert any(r.accepted < r.verified for r in rounds) and any(r.accepted > 0 for r in rounds)
 
 
+RUN_WITHOUT_DSPARK_HF = textwrap.dedent("""
+    import json, sys
+    sys.modules["dspark_hf"] = None  # as on a machine without dspark-hf: importing it raises ImportError
+    import torch
+    from transformers import AutoModelForCausalLM
+    target = AutoModelForCausalLM.from_pretrained(sys.argv[1]).eval()
+    prompt = torch.tensor(json.loads(sys.argv[3]))
+    output = target.generate(prompt, max_new_tokens=16, do_sample=False, custom_generate=sys.argv[2],
+                             trust_remote_code=True)
+    print(json.dumps(output[0].tolist()))
+""")
+
+
+def test_written_recipe_inlines_the_drafting_module_and_runs_without_dspark_hf(tmp_path):
+    """The recipe is assembled from the package's own drafting module at write time (nothing to go stale), and what
+    is written runs in a process where dspark-hf cannot be imported."""
+    from dspark_hf.generation import drafting
+
+    target, path = predictable_pair(tmp_path, dtype="float32")
+    target.save_pretrained(tmp_path / "target")
+    folder = hub.write_custom_generate(path, str(path))
+    source = (folder / "generate.py").read_text()
+    assert inspect.getsource(drafting).split("from __future__ import annotations\n", 1)[1].strip() in source
+    nodes = list(ast.walk(ast.parse(source)))
+    imported = {alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names}
+    imported = {name.split(".")[0] for name in imported | {n.module for n in nodes if isinstance(n, ast.ImportFrom)}}
+    allowed = {"__future__", "collections", "dataclasses", "inspect", "json", "os", "torch", "safetensors",
+               "transformers", "huggingface_hub"}  # fmt: skip
+    assert imported <= allowed, imported - allowed  # dspark_hf above all
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = subprocess.run([sys.executable, "-c", RUN_WITHOUT_DSPARK_HF, str(tmp_path / "target"), str(path),
+                             json.dumps(PROMPT.tolist())], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == expected[0].tolist()
+
+
 def card_snippet(card_text: str, heading: str) -> str:
     """The first Python block under `heading` of a model card, as a user would copy it."""
     section = card_text.split(heading, 1)[1]
@@ -330,10 +369,14 @@ def test_standalone_drafter_matches_dspark_drafter(tmp_path):
                         position_ids=torch.arange(9, 16)[None], context_position_ids=torch.arange(9)[None])  # fmt: skip
     torch.testing.assert_close(hidden, reference.last_hidden_state[0], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(logits, reference.logits[0], rtol=1e-4, atol=1e-5)
-    bias, _ = standalone.markov_bias(11, hidden[1], None)
-    torch.testing.assert_close(bias, drafter.markov_head(torch.tensor(11), hidden[1])[0], rtol=1e-4, atol=1e-6)
-    z = drafter.confidence_logits(hidden[2], torch.tensor(11))
-    assert standalone.confidence(hidden[2], 11, 2) == pytest.approx(float(torch.sigmoid(z)), abs=1e-5)
+    # The per-slot methods the shared drafting loop calls, on a batch of one row.
+    previous = torch.tensor([11])
+    corrected, _ = standalone.corrected_logits(logits[1:2], previous, hidden[1:2])
+    expected, _ = drafter.corrected_logits(drafter.draft_logits(hidden[1:2]), previous, hidden[1:2])
+    torch.testing.assert_close(corrected, expected, rtol=1e-4, atol=1e-5)
+    z = standalone.confidence_logits(hidden[2:3], previous)
+    torch.testing.assert_close(z, drafter.confidence_logits(hidden[2:3], previous), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(standalone.calibrated_confidence(z, 2), drafter.calibrated_confidence(z, 2))
 
 
 def test_standalone_rejection_sampling_reproduces_the_target_distribution():

@@ -52,7 +52,7 @@ def transformers_private_names() -> set[str]:
 
 def private_uses(path: Path, private_names: set[str]) -> list[str]:
     """`line name` for each private transformers name `path` imports or reads. `self.<name>` is ours when the file
-    defines `<name>` itself (a method or `self.<name> = ...`), as the batched engine's `_sample` is."""
+    defines `<name>` itself (a method or `self.<name> = ...`), as a class of ours may name a method `_sample`."""
     tree = ast.parse(path.read_text(), filename=str(path))
     own = {node.name for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
     own |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)

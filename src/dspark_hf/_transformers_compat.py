@@ -14,8 +14,6 @@ transformers has no public hook for a new kind of assistant, so we wrap a few pr
   DSpark class (written with `model_type: "qwen3"` in the official layout) loads as its DSpark drafter class instead
   of a plain Qwen3 model that would silently drop the DSpark tensors.
 - `GenerationConfig._eos_token_tensor` / `_pad_token_tensor`: the special tokens generate resolved for this call.
-- `transformers.generation.utils._speculative_sampling`: the rejection-sampling step of assisted decoding, which the
-  batched engine applies per row ([`speculative_sampling`]).
 
 The rest of dspark-hf uses public names only (`tests/test_private_api_boundary.py` fails otherwise). `check_contract()`
 checks the signatures we call at import time; `tests/test_transformers_contract.py` runs it and checks the behaviour
@@ -28,11 +26,10 @@ from __future__ import annotations
 import functools
 import inspect
 
-import torch
 import transformers
 from packaging import version
 from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.generation.utils import GenerationMixin, _speculative_sampling
+from transformers.generation.utils import GenerationMixin
 from transformers import AutoModel, AutoModelForCausalLM, GenerationConfig
 from transformers.utils import logging
 
@@ -72,9 +69,6 @@ def check_contract() -> list[str]:
                 "streamer", "inputs_tensor", "assistant_model"]
     if loop_params[: len(expected)] != expected:
         problems.append(f"GenerationMixin._assisted_decoding's arguments changed: {loop_params}")
-    sampling_params = list(inspect.signature(_speculative_sampling).parameters)
-    if sampling_params[:4] != ["candidate_input_ids", "candidate_logits", "candidate_length", "new_logits"]:
-        problems.append(f"transformers.generation.utils._speculative_sampling's arguments changed: {sampling_params}")
     mode_params = list(inspect.signature(inspect.unwrap(GenerationMixin._validate_generation_mode)).parameters)
     if mode_params != ["self", "generation_mode", "generation_config", "generation_mode_kwargs"]:
         problems.append(f"GenerationMixin._validate_generation_mode's arguments changed: {mode_params}")
@@ -99,25 +93,6 @@ def changed_speculation_settings(generation_config) -> dict:
     names = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
     return {name: getattr(generation_config, name, None) for name in names
             if getattr(generation_config, name, None) not in (None, defaults.get(name))}
-
-
-def speculative_sampling(
-    candidate_input_ids: torch.LongTensor, candidate_logits: torch.Tensor, candidate_length: int,
-    new_logits: torch.Tensor,
-) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """transformers' speculative rejection sampling of one sequence's drafts (the step its assisted loop runs).
-
-    Args:
-        candidate_input_ids (`torch.LongTensor` of shape `(1, seq + candidate_length)`): the sequence then its drafts.
-        candidate_logits (`torch.Tensor` of shape `(1, candidate_length, vocab)`): the logits the drafts were
-            sampled from.
-        candidate_length (`int`): the number of drafts.
-        new_logits (`torch.Tensor` of shape `(1, candidate_length + 1, vocab)`): the target's processed logits.
-
-    Returns:
-        `(tokens, num_accepted)`: the `(1, num_accepted + 1)` committed tokens and the number of accepted drafts.
-    """
-    return _speculative_sampling(candidate_input_ids, candidate_logits, candidate_length, new_logits)
 
 
 def unwrap_drafter(assistant_model):

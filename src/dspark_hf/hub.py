@@ -7,7 +7,10 @@ A published drafter repository holds:
 - ``README.md``: a model card (metadata for the Hub, usage for transformers and vLLM, the training recipe and the
   benchmark table), rendered from ``templates/model_card.md`` with `huggingface_hub.ModelCard`;
 - ``custom_generate/generate.py`` + ``requirements.txt``: DSpark decoding for users without dspark-hf, through
-  ``target.generate(..., custom_generate="org/drafter", trust_remote_code=True)``.
+  ``target.generate(..., custom_generate="org/drafter", trust_remote_code=True)``. It is written from
+  ``templates/custom_generate/generate.py`` with the drafting module every DSpark path runs
+  (`dspark_hf.generation.drafting`) inlined in place of its import ([`custom_generate_source`]), so the recipe cannot
+  drift from dspark-hf's own drafting and still runs without it.
 
 Entry points: [`render_model_card`] (offline), [`save_drafter`] (a ready-to-upload folder), [`push_drafter`] and the
 ``dspark-hf push`` command ([`main`]).
@@ -15,7 +18,9 @@ Entry points: [`render_model_card`] (offline), [`save_drafter`] (a ready-to-uplo
 
 from __future__ import annotations
 
+import ast
 import copy
+import inspect
 import json
 import sys
 import tempfile
@@ -30,6 +35,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
 from . import interop, registry
+from .generation import drafting
 
 
 logger = logging.get_logger(__name__)
@@ -209,7 +215,8 @@ def _package_version() -> str:
 
 
 def write_custom_generate(save_directory: str | Path, drafter_reference: str) -> Path:
-    """Writes ``custom_generate/generate.py`` and ``requirements.txt`` into `save_directory`.
+    """Writes ``custom_generate/generate.py`` ([`custom_generate_source`]) and ``requirements.txt`` into
+    `save_directory`.
 
     Args:
         drafter_reference (`str`): the Hub id (or local folder) the recipe loads the drafter from by default, i.e. the
@@ -217,12 +224,53 @@ def write_custom_generate(save_directory: str | Path, drafter_reference: str) ->
     """
     folder = Path(save_directory) / "custom_generate"
     folder.mkdir(parents=True, exist_ok=True)
-    source = (CUSTOM_GENERATE_TEMPLATE / "generate.py").read_text()
-    if source.count(DRAFTER_PLACEHOLDER) != 1:
-        raise RuntimeError(f"The custom_generate template must contain {DRAFTER_PLACEHOLDER} exactly once.")
-    (folder / "generate.py").write_text(source.replace(DRAFTER_PLACEHOLDER, json.dumps(str(drafter_reference))))
+    (folder / "generate.py").write_text(custom_generate_source(drafter_reference))
     (folder / "requirements.txt").write_text((CUSTOM_GENERATE_TEMPLATE / "requirements.txt").read_text())
     return folder
+
+
+def custom_generate_source(drafter_reference: str | None = None) -> str:
+    """The recipe's ``generate.py``: the template with the source of `dspark_hf.generation.drafting` in place of its
+    import (so it runs where dspark-hf is not installed), and ``DRAFTER`` set to `drafter_reference` (left as the
+    placeholder when `None`: the caller passes ``dspark_drafter=``)."""
+    template = (CUSTOM_GENERATE_TEMPLATE / "generate.py").read_text()
+    if template.count(DRAFTER_PLACEHOLDER) != 1:
+        raise RuntimeError(f"The custom_generate template must contain {DRAFTER_PLACEHOLDER} exactly once.")
+    source = _inline_module(template, drafting)
+    if drafter_reference is None:
+        return source
+    return source.replace(DRAFTER_PLACEHOLDER, json.dumps(str(drafter_reference)))
+
+
+def _inline_module(source: str, module) -> str:
+    """`source` with its one ``from <module> import ...`` statement replaced by the module's code (less its docstring
+    and ``from __future__`` import). Refuses a module that imports dspark-hf itself or lacks an imported name."""
+    statements = [node for node in ast.parse(source).body
+                  if isinstance(node, ast.ImportFrom) and node.module == module.__name__]
+    if len(statements) != 1:
+        raise RuntimeError(f"The custom_generate template must import from {module.__name__} in exactly one statement.")
+    module_source = inspect.getsource(module)
+    tree = ast.parse(module_source)
+    for node in ast.walk(tree):
+        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+        names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        if getattr(node, "level", 0) or any(name.split(".")[0] == "dspark_hf" for name in names):
+            raise RuntimeError(f"{module.__name__} is inlined into the custom_generate recipe, which runs without "
+                               f"dspark-hf; it must not import dspark-hf (line {node.lineno}).")
+    defined = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    missing = sorted({alias.name for alias in statements[0].names} - defined)
+    if missing:
+        raise RuntimeError(f"The custom_generate template imports {missing}, which {module.__name__} does not define.")
+    # Skip the module's docstring and `from __future__` import: the template has its own, which must come first.
+    preamble = [node for node in tree.body[:2] if isinstance(node, ast.Expr) or
+                (isinstance(node, ast.ImportFrom) and node.module == "__future__")]
+    code = module_source.splitlines()[preamble[-1].end_lineno if preamble else 0:]
+    path = "/".join(module.__name__.split("."))
+    lines = source.splitlines()
+    start, end = statements[0].lineno - 1, statements[0].end_lineno
+    inlined = [f"# --- {path}.py, inlined by dspark_hf.hub (edit it there) ---", *code, "",
+               f"# --- end of {path}.py ---"]
+    return "\n".join(lines[:start] + inlined + lines[end:]) + "\n"
 
 
 def save_drafter(
@@ -403,6 +451,7 @@ __all__ = [
     "format_benchmark",
     "format_training",
     "write_custom_generate",
+    "custom_generate_source",
     "save_drafter",
     "push_drafter",
     "load_drafter",

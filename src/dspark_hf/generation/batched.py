@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
-from .._transformers_compat import speculative_sampling
 from ..modeling_dspark import DSparkDrafter
 from ..scheduling import drafted_step_throughput, expected_tokens_by_width, plan_is_settled
 from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
-from .policies import HardwareAwarePolicy, VerificationPolicy, resolve_policy
+from .drafting import DraftedBlock, SlotRule, block_inputs, pick_tokens, sample_drafts, verify
+from .policies import HardwareAwarePolicy, PolicySlots, VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
 
 
@@ -96,12 +96,19 @@ class DSparkRequest:
         return self.prompt_ids + self.output_ids
 
 
-@dataclass
-class _Draft:
-    ids: torch.LongTensor  # (rows, block)
-    logits: torch.Tensor  # (rows, block, vocab): processed, Markov-corrected
-    confidences: list[list[float]]  # calibrated c_k per row (empty rows without a confidence head)
-    observed: bool = False  # the confidences settle the next plan (whole block, or `plan_is_settled`)
+class _PlannedWidthSlots(SlotRule):
+    """The hardware-aware engine's slots: those below the planned width (in a probe, while Algorithm 1 on this round's
+    confidences extends it), sampled further only while the next round's plan could still change."""
+
+    def __init__(self, engine: "DSparkBatchEngine", width: int):
+        self.engine, self.width = engine, width
+
+    def verified(self, slot: int, confidences: list[list[float]], candidates: list[bool]) -> list[bool]:
+        verified = self.engine._slot_verified(slot, self.width, confidences)
+        return [candidate and verified for candidate in candidates]
+
+    def settled(self, confidences: list[list[float]]) -> bool:
+        return self.engine._plan_settled(confidences)
 
 
 class DSparkBatchEngine:
@@ -322,10 +329,9 @@ class DSparkBatchEngine:
             draft = self._draft(budgets, width)
             if width is not None:
                 self.policy.record_draft_seconds(self.clock() - start, rows)
-            if width == 1:  # a probe: its drafts are paid for, so Algorithm 1 on their own confidences
-                width = self._probe_width(draft.confidences)
-            lengths = self._verification_lengths(draft.confidences, budgets, width)
-            if draft.observed:
+            lengths = draft.lengths
+            whole_block = all(len(values) == self.drafter.config.block_size for values in draft.confidences)
+            if whole_block or (width is not None and draft.observed):  # the confidences settle the next plan
                 for request, values in zip(self.active, draft.confidences):
                     request.last_confidences = values
         longest = max(lengths)
@@ -357,51 +363,37 @@ class DSparkBatchEngine:
             self.policy.record_step_seconds(self.clock() - step_start, rows, longest + 1)
         return self._commit_and_retire(committed)
 
-    def _draft(self, budgets: list[int], width: int | None = None) -> _Draft:
-        """One drafter forward for every row, then left-to-right sampling with the Markov bias.
+    def _draft(self, budgets: list[int], width: int | None = None) -> DraftedBlock:
+        """One drafter forward for every row, then the shared left-to-right sampling with the Markov bias
+        (`drafting.sample_drafts`), each row verifying at most its budget.
 
         With the hardware-aware policy (`width` planned, 1 for a probe) a slot is sampled only while it is verified
-        or its token is needed to observe a confidence that could still change the next plan."""
+        or its token is needed to observe a confidence that could still change the next plan; other policies are
+        asked slot by slot and row by row, as at batch 1."""
         config, rows = self.drafter.config, len(self.active)
-        block = config.block_size
-        mask_ids = torch.full((rows, block - 1), config.mask_token_id, dtype=torch.long, device=self.device)
-        block_ids = torch.cat([self.anchor[:, None], mask_ids], dim=1)
-        positions = self.next_position[:, None] + torch.arange(block, device=self.device)[None, :]
-        attention = torch.cat([self.slot_mask, self.slot_mask.new_ones(rows, block)], dim=1)
-        attention = attention[:, None, None, :].expand(rows, 1, block, attention.shape[1])
+        block_ids, positions = block_inputs(self.anchor, self.next_position, config.block_size, config.mask_token_id)
+        attention = torch.cat([self.slot_mask, self.slot_mask.new_ones(rows, config.block_size)], dim=1)
+        attention = attention[:, None, None, :].expand(rows, 1, config.block_size, attention.shape[1])
         device = self.drafter.device
         out = self.drafter(input_ids=block_ids.to(device), position_ids=positions.to(device), cache=self.draft_cache,
                            attention_mask=attention.to(device), compute_logits=False)
         hidden = out.last_hidden_state
-        base_logits = self.drafter.draft_logits(hidden)  # (rows, block, draft_vocab); slots mapped when sampled
-        num_slots = max(0, min(block, max(budgets)))
-        previous, state = self.anchor.to(hidden.device), None
-        ids, logits, confidences = [], [], [[] for _ in range(rows)]
+        return sample_drafts(self.drafter, hidden, self.drafter.draft_logits(hidden), self.anchor, budgets,
+                             self._slot_rule(width), num_slots=max(0, min(config.block_size, max(budgets))),
+                             process=self._draft_processor(), do_sample=self.do_sample)  # fmt: skip
+
+    def _slot_rule(self, width: int | None) -> SlotRule:
+        """Which slots each row verifies: below the planned `width` (hardware-aware), else the policy's say."""
+        if width is None:
+            return PolicySlots(self.policy, self.drafter.config.block_size)
+        return _PlannedWidthSlots(self, width)
+
+    def _draft_processor(self):
+        """The logits processors for drafts, each row's committed tokens first (`None` without processors)."""
+        if not self.logits_processor:
+            return None
         sequences = [r.sequence for r in self.active]
-        observed = False
-        for slot in range(num_slots):
-            raw = self.drafter.confidence_logits(hidden[:, slot], previous)
-            if raw is not None:
-                for row, value in enumerate(self.drafter.calibrated_confidence(raw, slot).tolist()):
-                    confidences[row].append(value)
-            if width is not None:
-                observed = self._plan_settled(confidences)
-                if observed and not self._slot_verified(slot, width, confidences):
-                    break
-            corrected, state = self.drafter.corrected_logits(base_logits[:, slot], previous, hidden[:, slot], state)
-            corrected = self._process(sequences, corrected)
-            token = self._sample(corrected)
-            for row, t in enumerate(token.tolist()):
-                sequences[row] = sequences[row] + [t]
-            ids.append(token)
-            logits.append(corrected)
-            previous = token
-        observed = observed or all(len(values) == block for values in confidences)
-        if not ids:
-            empty = torch.zeros(rows, 0, dtype=torch.long, device=self.device)
-            no_logits = torch.zeros(rows, 0, self.drafter.config.vocab_size, device=self.device)
-            return _Draft(empty, no_logits, confidences, observed)
-        return _Draft(torch.stack(ids, dim=1), torch.stack(logits, dim=1), confidences, observed)
+        return lambda drafts, logits: self._process([s + d for s, d in zip(sequences, drafts.tolist())], logits)
 
     def _plan_settled(self, confidences: list[list[float]]) -> bool:
         """Whether more slots of this round could change the width planned from it for the next round."""
@@ -430,15 +422,6 @@ class DSparkBatchEngine:
         return plan_verification_width(stale, self._speed(rows), self.drafter.config.block_size + 1,
                                        draft_seconds=self.policy.drafting_cost(rows))
 
-    def _verification_lengths(self, confidences: list[list[float]], budgets: list[int], width: int | None) -> list[int]:
-        if not self.policy.requires_confidence:  # full, fixed: the same length for every row, whatever it drafted
-            lengths = [self.policy.verification_length([0.0] * self.drafter.config.block_size)] * len(budgets)
-        elif width is not None:  # hardware-aware: planned before drafting
-            lengths = [width - 1] * len(budgets)
-        else:
-            lengths = [self._sequential_length(row) for row in confidences]
-        return [max(0, min(length, budget)) for length, budget in zip(lengths, budgets)]
-
     def _speed(self, rows: int) -> Callable[[int], float | None]:
         """Steps per second by width for `rows` rows: measured on this engine where it has run that size, else the
         profile (rescaled by the measured plain-decoding speed; see `HardwareAwarePolicy.measured_speed`)."""
@@ -455,28 +438,16 @@ class DSparkBatchEngine:
             return [0.5] * self.drafter.config.block_size
         return [sum(values) / len(values) for values in zip(*seen)]
 
-    def _sequential_length(self, confidences: list[float]) -> int:
-        length = 0
-        while length < len(confidences) and self.policy.should_verify(length + 1, confidences[: length + 1]):
-            length += 1
-        return length
-
     def _verify_row(self, request, row, length, verify_ids, logits, draft) -> tuple[list[int], int]:
-        """Greedy matching or speculative sampling for one row; returns (committed tokens, accepted drafts)."""
-        sequence = request.sequence
-        target_logits = torch.stack([self._process([sequence + verify_ids[row, 1:1 + k].tolist()],
-                                                   logits[row, k][None])[0] for k in range(length + 1)])
-        if self.do_sample and length > 0:
-            candidates = torch.cat([torch.tensor([sequence], device=self.device), verify_ids[row:row + 1, 1:1 + length]],
-                                   dim=1)
-            tokens, num_accepted = speculative_sampling(candidates, draft.logits[row:row + 1, :length], length,
-                                                        target_logits[None])
-            return tokens[0].tolist(), int(num_accepted)
-        choices = self._sample(target_logits)
-        drafts = verify_ids[row, 1:1 + length]
-        matches = (drafts == choices[:length]).long().cumprod(0)
-        num_accepted = int(matches.sum())
-        return drafts[:num_accepted].tolist() + [int(choices[num_accepted])], num_accepted
+        """Greedy matching or speculative sampling (`drafting.verify`) for one row; returns (committed tokens, accepted
+        drafts)."""
+        sequence, drafts = request.sequence, verify_ids[row, 1:1 + length].tolist()
+        target_logits = torch.cat([self._process([sequence + drafts[:k]], logits[row, k][None])
+                                   for k in range(length + 1)])
+        draft_probs = draft.logits[row, :length].softmax(dim=-1) if length else None
+        target_probs = target_logits.softmax(dim=-1) if self.do_sample else None
+        num_accepted, token = verify(drafts, draft_probs, target_logits, target_probs, self.do_sample)
+        return drafts[:num_accepted] + [token], num_accepted
 
     def _advance(self, accepted: list[int], longest: int, features, positions) -> None:
         """Keeps the verified slots (holes masked), crops slots that are holes in every row, moves anchors."""
@@ -538,12 +509,7 @@ class DSparkBatchEngine:
                           for i, seq in enumerate(sequences)])
 
     def _pick(self, history: list[int], logits: torch.Tensor) -> torch.Tensor:
-        return self._sample(self._process([history], logits[None]))[0]
-
-    def _sample(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.do_sample:
-            return torch.multinomial(logits.softmax(dim=-1), num_samples=1).squeeze(-1)
-        return logits.argmax(dim=-1)
+        return pick_tokens(self._process([history], logits[None]), self.do_sample)[0]
 
 
 def generate_batch(

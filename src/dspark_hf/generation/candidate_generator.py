@@ -4,7 +4,8 @@ Each round (docs/design.md, "Forward pass"):
 1. take the target's hidden states at `target_layer_ids` for the newly committed positions from the verification
    forward that just ran, and append their context K/V to the drafter's cache;
 2. run the drafter once on ``[anchor, mask × (B-1)]``;
-3. sample drafts left to right with the Markov bias, asking the verification policy before each slot;
+3. sample drafts left to right with the Markov bias, asking the verification policy before each slot (the shared
+   `drafting.sample_drafts`, which the batched engine and the custom_generate recipe run too);
 4. return the drafts and their Markov-corrected, processor-applied logits, so that transformers' own speculative
    sampling (or greedy matching) verifies exactly the distribution the drafts were drawn from.
 
@@ -22,7 +23,8 @@ from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, Pr
 from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..modeling_dspark import DSparkDrafter
-from .policies import VerificationPolicy, resolve_policy
+from .drafting import DraftedBlock, block_inputs, sample_drafts
+from .policies import PolicySlots, VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
 
 
@@ -57,6 +59,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.drafter = drafter
         self.config = drafter.config
         self.policy = resolve_policy(drafter, target, policy)
+        self.slots = PolicySlots(self.policy, self.config.block_size)
         if self.policy.requires_confidence and drafter.confidence_head is None:
             raise ValueError(
                 f"The {self.policy.name!r} verification policy needs confidences, but this drafter has no confidence "
@@ -71,7 +74,6 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.context_length = 0  # target positions whose context K/V are in `self.cache`
         self._deferred: list[torch.Tensor] = []  # target features of skipped rounds, not yet in `self.cache`
         self._deferred_length = 0
-        self.mask_ids = torch.full((1, self.config.block_size - 1), self.config.mask_token_id, dtype=torch.long)
         self.policy.reset()
         self.stats = DSparkGenerationStats(block_size=self.config.block_size)
         self._pending_round: DSparkRoundStats | None = None
@@ -100,16 +102,16 @@ class DSparkCandidateGenerator(CandidateGenerator):
             self._pending_round = DSparkRoundStats(confidences=[], verified=0, drafted=False)
             return input_ids, None
         start = time.perf_counter()
-        hidden_states, logits = self._run_drafter(input_ids, model_outputs)
-        max_drafts = min(self.config.block_size, self.max_length - input_ids.shape[1] - 1)
-        draft_ids, draft_logits, confidences, raw = self._sample_drafts(input_ids, hidden_states, logits, max_drafts)
+        block = self._draft(input_ids, model_outputs)
         self.policy.record_draft_seconds(time.perf_counter() - start)
-        self._pending_round = DSparkRoundStats(confidences=confidences, verified=len(draft_ids), confidence_logits=raw,
-                                               draft_ids=draft_ids)
-        if not draft_ids:
+        length = block.lengths[0]
+        draft_ids = block.ids[0, :length].tolist()
+        self._pending_round = DSparkRoundStats(confidences=block.confidences[0], verified=length,
+                                               confidence_logits=block.confidence_logits[0], draft_ids=draft_ids)
+        if not length:
             return input_ids, None
-        candidates = torch.tensor([draft_ids], dtype=input_ids.dtype, device=input_ids.device)
-        return torch.cat([input_ids, candidates], dim=-1), torch.stack(draft_logits, dim=1)
+        candidates = block.ids[:, :length].to(device=input_ids.device, dtype=input_ids.dtype)
+        return torch.cat([input_ids, candidates], dim=-1), block.logits[:, :length]
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         if self._pending_round is not None:
@@ -120,32 +122,48 @@ class DSparkCandidateGenerator(CandidateGenerator):
             self.stats.rounds.append(self._pending_round)
             self._pending_round = None
 
-    def _run_drafter(self, input_ids: torch.LongTensor, model_outputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Feeds the newly committed positions' target features to the drafter and drafts the block.
+    def _draft(self, input_ids: torch.LongTensor, model_outputs: Any) -> DraftedBlock:
+        """Drafts this round's block with the shared left-to-right sampling, asking the policy before each slot
+        (`PolicySlots`). A policy that plans from earlier rounds (`observes_rounds`) gets all `block_size` confidences
+        afterwards: the slots past the cut are still sampled to compute them, but never verified, and only as far as
+        the policy's plan could still change (`observation_complete`)."""
+        hidden_states = self._run_drafter(input_ids, model_outputs)
+        max_drafts = min(self.config.block_size, self.max_length - input_ids.shape[1] - 1)
 
-        Returns the block's final-normed hidden states `(block, hidden)` and base logits over the draft vocabulary
-        `(block, draft_vocab)` (one LM-head pass for the block; each slot is corrected and mapped to the target
-        vocabulary only if it is sampled).
+        def process(drafts: torch.LongTensor, logits: torch.Tensor) -> torch.Tensor:
+            sequence = torch.cat([input_ids, drafts.to(input_ids.device)], dim=-1)
+            return self.logits_processor(sequence, logits.to(input_ids.device))
+
+        block = sample_drafts(self.drafter, hidden_states, self.drafter.draft_logits(hidden_states), input_ids[:, -1],
+                              [max_drafts], self.slots, num_slots=self.slots.num_slots(max_drafts), process=process,
+                              do_sample=self.do_sample)  # fmt: skip
+        if self.policy.observes_rounds and block.observed:
+            self.policy.observe(block.confidences[0])
+        return block
+
+    def _run_drafter(self, input_ids: torch.LongTensor, model_outputs: Any) -> torch.Tensor:
+        """Feeds the newly committed positions' target features to the drafter and runs the block forward.
+
+        Returns the block's final-normed hidden states `(1, block, hidden)`.
         """
         anchor_position = input_ids.shape[1] - 1  # the anchor itself has not been through the target yet
         self._defer_features(input_ids, model_outputs)
         features = torch.cat(self._deferred, dim=1)  # skipped rounds' features, then this round's
         self._deferred, self._deferred_length = [], 0
         device = self.drafter.device
-        block_ids = torch.cat([input_ids[:, -1:].cpu(), self.mask_ids], dim=-1).to(device)
-        positions = torch.arange(anchor_position, anchor_position + self.config.block_size, device=device)
+        block_ids, positions = block_inputs(input_ids[:, -1].to(device), torch.tensor([anchor_position], device=device),
+                                            self.config.block_size, self.config.mask_token_id)  # fmt: skip
         context_positions = torch.arange(self.context_length, anchor_position, device=device)
         output = self.drafter(
             input_ids=block_ids,
             target_hidden_states=features.to(device),
-            position_ids=positions[None],
+            position_ids=positions,
             context_position_ids=context_positions[None],
             cache=self.cache,
             compute_logits=False,
         )
         self.context_length = anchor_position
-        hidden_states = output.last_hidden_state[0]
-        return hidden_states, self.drafter.draft_logits(hidden_states)
+        return output.last_hidden_state
 
     def _defer_features(self, input_ids: torch.LongTensor, model_outputs: Any) -> None:
         """Buffers the target features of the positions committed since the last call (up to, not including, the
@@ -175,45 +193,6 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 "outside of generate (a pre-filled cache)? Pass the whole prompt instead."
             )
         return torch.cat([layer[:, :num_new] for layer in layers], dim=-1)
-
-    def _sample_drafts(
-        self, input_ids: torch.LongTensor, hidden_states: torch.Tensor, logits: torch.Tensor, max_drafts: int
-    ) -> tuple[list[int], list[torch.Tensor], list[float], list[float]]:
-        """Samples drafts left to right: ``z_k = U_k + bias(x_{k-1})``, processors, then argmax or a sample.
-
-        Before sampling slot k, the confidence c_k (which reads x_{k-1} only) is computed and the policy decides
-        whether slot k is drafted at all; the first "no" ends the block. A policy that plans from earlier rounds
-        (`observes_rounds`) gets all `block_size` confidences afterwards: the slots past the cut are still sampled to
-        compute them, but never verified, and only as far as the policy's plan could still change
-        (`observation_complete`).
-        """
-        drafter, policy, block_size = self.drafter, self.policy, self.config.block_size
-        num_slots = block_size if policy.observes_rounds else max_drafts
-        previous, sequence, state = input_ids[0, -1].to(hidden_states.device), input_ids, None
-        draft_ids, draft_logits, confidences, raw_logits = [], [], [], []
-        drafting = max_drafts > 0
-        for slot in range(num_slots):
-            raw_confidence = drafter.confidence_logits(hidden_states[slot], previous)
-            if raw_confidence is not None:
-                raw_logits.append(float(raw_confidence))
-                confidences.append(float(drafter.calibrated_confidence(raw_confidence, slot)))
-            drafting = drafting and slot < max_drafts and policy.should_verify(slot + 1, confidences)
-            if not drafting and (not policy.observes_rounds or policy.observation_complete(confidences, block_size)):
-                break
-            corrected, state = drafter.corrected_logits(logits[slot], previous, hidden_states[slot], state)
-            corrected = self.logits_processor(sequence, corrected[None].to(input_ids.device))
-            if self.do_sample:
-                token = torch.multinomial(corrected.softmax(dim=-1), num_samples=1)
-            else:
-                token = corrected.argmax(dim=-1, keepdim=True)
-            if drafting:
-                draft_ids.append(int(token))
-                draft_logits.append(corrected)
-            sequence = torch.cat([sequence, token.to(sequence.dtype)], dim=-1)
-            previous = token[0, 0].to(hidden_states.device)
-        if policy.observes_rounds and policy.observation_complete(confidences, block_size):
-            policy.observe(confidences)
-        return draft_ids, draft_logits, confidences, raw_logits
 
 
 def _check_inputs(input_ids: torch.LongTensor, model_kwargs: dict[str, Any]) -> None:

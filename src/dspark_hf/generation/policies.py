@@ -2,8 +2,8 @@
 
 Every policy here is *non-anticipating* (docs/design.md, "Scheduler: Algorithm 1", paper Appendix A): whether draft k is
 verified is decided before x_k is sampled, from the calibrated confidences c_1..c_k only (c_k reads x_{k-1}, never x_k).
-The candidate generator asks the policy once per slot, left to right, and stops drafting at the first "no"; that early
-stop is what keeps speculative sampling exact.
+The drafting loop (`drafting.sample_drafts`, through [`PolicySlots`]) asks the policy once per slot and row, left to
+right, and a row verifies nothing after its first "no"; that early stop is what keeps speculative sampling exact.
 
 By default (``drafter.verification_policy == "auto"``) generation uses the hardware-aware policy with this machine's
 measured speeds (see `resolve_policy`). Select another by name on the drafter (``drafter.verification_policy =
@@ -34,6 +34,7 @@ from ..scheduling import (
     schedule_verification_lengths,
     verification_capacity,
 )
+from .drafting import SlotRule
 
 
 class VerificationPolicy:
@@ -86,6 +87,32 @@ class VerificationPolicy:
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
         return f"{type(self).__name__}({fields})"
+
+
+class PolicySlots(SlotRule):
+    """A policy as the drafting loop asks it ([`dspark_hf.generation.drafting.sample_drafts`]): `should_verify` per
+    slot and row, and, for a policy that observes rounds, sampling on past the verified slots until
+    `observation_complete` (every row's).
+
+    Args:
+        policy ([`VerificationPolicy`]): the policy.
+        block_size (`int`): the drafter's block size.
+    """
+
+    def __init__(self, policy: VerificationPolicy, block_size: int):
+        self.policy, self.block_size = policy, block_size
+
+    def verified(self, slot: int, confidences: list[list[float]], candidates: list[bool]) -> list[bool]:
+        return [candidate and self.policy.should_verify(slot + 1, values)
+                for candidate, values in zip(candidates, confidences)]
+
+    def settled(self, confidences: list[list[float]]) -> bool:
+        return not self.policy.observes_rounds or all(
+            self.policy.observation_complete(values, self.block_size) for values in confidences)
+
+    def num_slots(self, max_drafts: int) -> int:
+        """The slots one row's round looks at: the whole block for a policy that observes rounds, else its budget."""
+        return self.block_size if self.policy.observes_rounds else max_drafts
 
 
 class FullBlockPolicy(VerificationPolicy):

@@ -19,8 +19,9 @@ from types import SimpleNamespace
 
 import torch
 
-from ..generation.batched import DSparkBatchEngine, DSparkRequest, _Draft
-from ..generation.policies import VerificationPolicy, get_policy
+from ..generation.batched import DSparkBatchEngine, DSparkRequest
+from ..generation.drafting import DraftedBlock, SlotSchedule
+from ..generation.policies import PolicySlots, VerificationPolicy, get_policy
 from .cost import CostModel
 from .trace import TraceSequence
 
@@ -54,21 +55,17 @@ def _observe_and_choose(
     policy: VerificationPolicy, confidences: Sequence[float], max_drafts: int, block_size: int
 ) -> tuple[list[float], int, int]:
     """The candidate generator's slot loop on known confidences: returns the confidences it computed, the drafts it
-    verifies and the slots it sampled (`DSparkCandidateGenerator._sample_drafts`)."""
-    num_slots = block_size if policy.observes_rounds else max_drafts
-    seen, verified, slots = [], 0, 0
-    drafting = max_drafts > 0
-    for slot in range(num_slots):
+    verifies and the slots it sampled (`DSparkCandidateGenerator._draft`, through the same `SlotSchedule`)."""
+    rule = PolicySlots(policy, block_size)
+    schedule, seen = SlotSchedule(rule, [max_drafts]), []
+    for slot in range(rule.num_slots(max_drafts)):
         if confidences:
             seen.append(confidences[slot])
-        drafting = drafting and slot < max_drafts and policy.should_verify(slot + 1, seen)
-        if not drafting and (not policy.observes_rounds or policy.observation_complete(seen, block_size)):
+        if not schedule.admit(slot, [seen]):
             break
-        slots += 1
-        verified += drafting
-    if policy.observes_rounds and policy.observation_complete(seen, block_size):
+    if policy.observes_rounds and schedule.observed([seen]):
         policy.observe(seen)
-    return seen, verified, slots
+    return seen, schedule.lengths[0], schedule.num_sampled
 
 
 def replay_generation(
@@ -200,25 +197,23 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         self.next_position, self.anchor = self.next_position[index], self.anchor[index]
         self.slot_mask = torch.zeros(len(self.active), 0, dtype=torch.bool)
 
-    def _draft(self, budgets: list[int], width: int | None = None) -> _Draft:
-        """The engine's slot loop (`DSparkBatchEngine._draft`) on the trace: same stopping rule, same observation."""
+    def _draft(self, budgets: list[int], width: int | None = None) -> DraftedBlock:
+        """The engine's slot loop (`DSparkBatchEngine._draft`) on the trace: the same `SlotSchedule` and rule."""
         block, rows = self.drafter.config.block_size, len(self.active)
         at_anchor = [self._sequence_of[r.request_id] for r in self.active]
         committed = [len(r.output_ids) for r in self.active]
-        confidences, observed, slots = [[] for _ in range(rows)], False, 0
+        schedule, confidences = SlotSchedule(self._slot_rule(width), budgets), [[] for _ in range(rows)]
         for slot in range(max(0, min(block, max(budgets)))):
             for row, (sequence, c) in enumerate(zip(at_anchor, committed)):
                 if sequence.confidences[c - 1]:
                     confidences[row].append(sequence.confidences[c - 1][slot])
-            if width is not None:
-                observed = self._plan_settled(confidences)
-                if observed and not self._slot_verified(slot, width, confidences):
-                    break
-            slots += 1
-        observed = observed or all(len(values) == block for values in confidences)
+            if not schedule.admit(slot, confidences):
+                break
+        slots = schedule.num_sampled
         self.clock.advance(self.cost.drafting_seconds(rows, slots))
         ids = torch.tensor([s.draft_ids[c - 1][:slots] for s, c in zip(at_anchor, committed)], dtype=torch.long)
-        return _Draft(ids.view(rows, slots), torch.zeros(rows, slots, 0), confidences, observed)
+        return DraftedBlock(ids.view(rows, slots), torch.zeros(rows, slots, 0), confidences, [[] for _ in range(rows)],
+                            schedule.lengths, schedule.observed(confidences))  # fmt: skip
 
     def _target_forward(self, input_ids, attention_mask, position_ids, cache):
         self.clock.advance(self.cost.verify_seconds(*input_ids.shape))

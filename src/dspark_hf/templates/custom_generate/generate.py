@@ -32,6 +32,10 @@ from transformers import (
 )
 from transformers.activations import ACT2FN
 
+# The drafting and verification every DSpark path runs (dspark_hf/generation/drafting.py). The recipe that
+# `dspark_hf.hub` writes holds that module's source here instead of this import, so it runs without dspark-hf.
+from dspark_hf.generation.drafting import SlotRule, block_inputs, pick_tokens, sample_drafts, verify
+
 
 # Written by dspark_hf.hub when the drafter is pushed: the Hub id (or folder) holding the drafter weights.
 DRAFTER = "__DSPARK_DRAFTER__"
@@ -241,13 +245,12 @@ class DSparkStandaloneDrafter:
 
     def block(self, anchor, anchor_position):
         """Final-normed hidden states `(B, hidden)` and base logits `(B, vocab)` for ``[anchor, mask * (B-1)]``."""
-        ids = torch.full((self.block_size,), self.config["mask_token_id"], device=anchor.device)
-        ids[0] = anchor
-        states = torch.nn.functional.embedding(ids, self.weights["embed_tokens.weight"])
+        start = torch.tensor([anchor_position], device=anchor.device)
+        ids, positions = block_inputs(anchor.view(1), start, self.block_size, self.config["mask_token_id"])
+        states = torch.nn.functional.embedding(ids[0], self.weights["embed_tokens.weight"])
         if self.gemma:
             states = states * torch.tensor(self.config["hidden_size"] ** 0.5, dtype=states.dtype)
-        positions = torch.arange(anchor_position, anchor_position + self.block_size, device=anchor.device)
-        cos, sin = (t[0] for t in self._positions(states, positions))
+        cos, sin = (t[0] for t in self._positions(states, positions[0]))
         for layer in range(self.num_layers):
             states = self._layer(layer, states, cos, sin)
         hidden = self._norm(states, "norm")
@@ -263,32 +266,39 @@ class DSparkStandaloneDrafter:
         full = logits.new_full((*logits.shape[:-1], self.config["vocab_size"]), fill)
         return full.index_copy_(-1, ids, logits)
 
-    def markov_bias(self, previous, hidden, state):
-        """Transition bias `(vocab,)` given the previous token; `state` is the rnn head's (None elsewhere)."""
+    def corrected_logits(self, logits, previous, hidden, state=None):
+        """One slot's logits `(rows, vocab)` plus the Markov bias given the previous tokens `(rows,)` and the slot's
+        hidden states `(rows, hidden)`; returns `(logits, state)`, `state` being the rnn head's (None elsewhere)."""
         if not self.config.get("markov_rank"):
-            return None, None
+            return logits, None
         embedding = self.weights["markov_head.markov_w1.weight"][previous]
         head_type = self.config.get("markov_head_type", "vanilla")
         if head_type == "gated":
-            embedding = torch.sigmoid(self._linear(torch.cat([hidden, embedding]), "markov_head.gate_proj")) * embedding
+            gate = torch.sigmoid(self._linear(torch.cat([hidden, embedding], dim=-1), "markov_head.gate_proj"))
+            embedding = gate * embedding
         elif head_type == "rnn":
             state = torch.zeros_like(embedding) if state is None else state
-            joint = self._linear(torch.cat([state, embedding, hidden]), "markov_head.joint_proj")
-            gate, candidate, out = joint.chunk(3)
+            joint = self._linear(torch.cat([state, embedding, hidden], dim=-1), "markov_head.joint_proj")
+            gate, candidate, out = joint.chunk(3, dim=-1)
             state = torch.sigmoid(gate) * state + (1 - torch.sigmoid(gate)) * torch.tanh(candidate)
             embedding = torch.tanh(out)
-        return self._to_target(self._linear(embedding, "markov_head.markov_w2").float(), 0.0), state
+        return logits + self._to_target(self._linear(embedding, "markov_head.markov_w2").float(), 0.0), state
 
-    def confidence(self, hidden, previous, slot):
-        """Calibrated probability that this slot's draft is accepted (1.0 without a confidence head)."""
+    def confidence_logits(self, hidden, previous):
+        """Raw confidence logits `(rows,)` of slots with hidden states `(rows, hidden)` after the tokens `previous`
+        `(rows,)`; None without a confidence head."""
         if not self.config.get("enable_confidence_head"):
-            return 1.0
+            return None
         features = hidden
         if self.config.get("confidence_head_with_markov") and self.config.get("markov_rank"):
-            features = torch.cat([hidden, self.weights["markov_head.markov_w1.weight"][previous].to(hidden.dtype)])
-        logit = self._linear(features, "confidence_head.proj").float()
+            embedding = self.weights["markov_head.markov_w1.weight"][previous].to(hidden.dtype)
+            features = torch.cat([hidden, embedding], dim=-1)
+        return self._linear(features, "confidence_head.proj").squeeze(-1).float()
+
+    def calibrated_confidence(self, logits, slot):
+        """The probability that this slot's draft is accepted (Sequential Temperature Scaling, if calibrated)."""
         temperatures = self.config.get("confidence_temperatures")
-        return float(torch.sigmoid(logit / (temperatures[slot] if temperatures else 1.0)))
+        return torch.sigmoid(logits / (temperatures[slot] if temperatures else 1.0))
 
 
 def _load_tensors(folder):
@@ -347,37 +357,6 @@ def _check_target(config, model) -> None:
             )
 
 
-# --- verification --------------------------------------------------------------------------------------------------
-
-
-def verify(draft_ids, draft_probs, target_logits, target_probs, do_sample, generator=None):
-    """Accepts a prefix of the drafts; returns `(num_accepted, next_token)`.
-
-    Args:
-        draft_ids (`list[int]`): the L drafts.
-        draft_probs (`torch.Tensor` of shape `(L, vocab)`): the distributions the drafts were sampled from.
-        target_logits / target_probs (`torch.Tensor` of shape `(L + 1, vocab)`): the target at each verified slot.
-        do_sample (`bool`): speculative rejection sampling if True, else greedy prefix matching.
-    """
-    if not do_sample:
-        choices = target_logits.argmax(dim=-1).tolist()
-        accepted = 0
-        while accepted < len(draft_ids) and draft_ids[accepted] == choices[accepted]:
-            accepted += 1
-        return accepted, choices[accepted]
-    for slot, token in enumerate(draft_ids):
-        p, q = target_probs[slot, token], draft_probs[slot, token]
-        # p >= q: always accept; else accept with probability p / q
-        if torch.rand((), generator=generator, device=p.device) < torch.clamp(p / q.clamp_min(1e-8), max=1.0):
-            continue
-        # Rejected: sample from the normalized residual max(p_t - p_d, 0) (the target itself if it vanishes).
-        residual = (target_probs[slot] - draft_probs[slot]).clamp_min(0)
-        residual = residual if residual.sum() > 1e-8 else target_probs[slot]
-        return slot, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
-    bonus = torch.multinomial(target_probs[len(draft_ids)], 1, generator=generator)
-    return len(draft_ids), int(bonus)
-
-
 # --- the decoding loop ----------------------------------------------------------------------------------------------
 
 
@@ -400,29 +379,32 @@ def _features(hidden_states, layer_ids):
     return torch.cat([hidden_states[i + 1][0] for i in layer_ids], dim=-1)
 
 
-def _choose(logits, do_sample, generator=None):
-    if do_sample:
-        return int(torch.multinomial(logits.softmax(dim=-1), 1, generator=generator))
-    return int(logits.argmax(dim=-1))
+class _ConfidenceThreshold(SlotRule):
+    """`dspark_confidence_threshold`: a block ends at its first draft whose confidence is below it (0: full blocks)."""
+
+    def __init__(self, threshold):
+        self.threshold = threshold
+
+    def verified(self, slot, confidences, candidates):
+        return [candidate and (self.threshold <= 0 or not values or values[-1] >= self.threshold)
+                for candidate, values in zip(candidates, confidences)]
 
 
 def _propose(drafter, sequence, budget, warpers, do_sample, threshold):
-    """Drafts up to `budget` tokens left to right: ``z_k = U_k + bias(x_{k-1})``, warped, then argmax or a sample."""
+    """Drafts up to `budget` tokens after `sequence` `(1, seq)` (`sample_drafts`: ``z_k = U_k + bias(x_{k-1})``,
+    warped, then argmax or a sample); returns the drafts and the `(L, vocab)` distributions they were drawn from."""
     if budget <= 0:
         return [], None
     hidden, logits = drafter.block(sequence[0, -1], sequence.shape[1] - 1)
-    previous, state, drafts, probs = int(sequence[0, -1]), None, [], []
-    for slot in range(min(budget, drafter.block_size)):
-        if threshold > 0 and drafter.confidence(hidden[slot], previous, slot) < threshold:
-            break
-        bias, state = drafter.markov_bias(previous, hidden[slot], state)
-        corrected = logits[slot] if bias is None else logits[slot] + bias
-        corrected = warpers(sequence, corrected[None])[0] if warpers else corrected
-        previous = _choose(corrected, do_sample)
-        drafts.append(previous)
-        probs.append(corrected.softmax(dim=-1))
-        sequence = torch.cat([sequence, sequence.new_tensor([[previous]])], dim=-1)
-    return drafts, (torch.stack(probs) if probs else None)
+
+    def process(drafts, scores):
+        return warpers(torch.cat([sequence, drafts.to(sequence.device)], dim=-1), scores) if warpers else scores
+
+    rule = _ConfidenceThreshold(threshold)
+    block = sample_drafts(drafter, hidden[None], logits[None], sequence[:, -1], [budget], rule, process=process,
+                          do_sample=do_sample)  # fmt: skip
+    length = block.lengths[0]
+    return block.ids[0, :length].tolist(), (block.logits[0, :length].softmax(dim=-1) if length else None)
 
 
 @torch.no_grad()
@@ -439,7 +421,7 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0):
         cache.activate_past_recording()  # lets sliding-window layers roll back rejected drafts
     features = _features(output.hidden_states, layer_ids)
     first_logits = output.logits[:, -1].float()
-    token = _choose(warpers(input_ids, first_logits)[0] if warpers else first_logits[0], do_sample)
+    token = int(pick_tokens(warpers(input_ids, first_logits) if warpers else first_logits, do_sample)[0])
     sequence = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
     while sequence.shape[1] < limit and token not in eos:
         drafter.extend_context(features, drafter.context_length)

@@ -1,0 +1,222 @@
+"""Drafting one block for a batch of rows, and verifying it: the one implementation every DSpark decoding path runs.
+
+Batch 1 (`DSparkCandidateGenerator`, inside transformers' assisted loop), the batched engine (`DSparkBatchEngine`)
+and the standalone ``custom_generate`` recipe each run the drafter's block forward their own way (their caches
+differ), then hand its output to [`sample_drafts`]: drafts sampled left to right with the Markov bias, confidences,
+and the verification lengths a [`SlotRule`] decides slot by slot (docs/design.md, "Drafting and verification").
+The batched engine and the recipe verify with [`verify`]; batch 1 leaves verification to transformers' loop.
+
+A drafter here is anything with [`DSparkDrafter`]'s three per-slot methods: `confidence_logits`,
+`calibrated_confidence` and `corrected_logits` (the recipe's standalone drafter has them too).
+
+The recipe runs on the Hub without dspark-hf installed, so `dspark_hf.hub` writes it with this module's source
+inlined: keep this module to torch and the standard library (tests/test_hub.py runs the written recipe without
+dspark-hf).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class DraftedBlock:
+    """One round's drafts for `rows` rows.
+
+    Attributes:
+        ids (`torch.LongTensor` of shape `(rows, slots)`): the sampled drafts. A row verifies its first `lengths[row]`;
+            the slots after them were sampled only to compute confidences a policy observes.
+        logits (`torch.Tensor` of shape `(rows, slots, vocab)`): the processed, Markov-corrected logits each draft was
+            sampled from (speculative sampling must compare the target against exactly these).
+        confidences (`list[list[float]]`): calibrated c_1, c_2, ... per row, as many as were computed (empty lists
+            without a confidence head).
+        confidence_logits (`list[list[float]]`): the raw logits behind `confidences`.
+        lengths (`list[int]`): drafts each row verifies.
+        observed (`bool`): the rule judged the computed confidences complete for what it learns from the round
+            ([`SlotRule.settled`]).
+    """
+
+    ids: torch.LongTensor
+    logits: torch.Tensor
+    confidences: list[list[float]]
+    confidence_logits: list[list[float]]
+    lengths: list[int]
+    observed: bool = False
+
+
+class SlotRule:
+    """Which rows verify each slot, asked left to right before the slot is sampled. This base rule verifies every slot
+    within the rows' budgets (the full block) and observes nothing.
+
+    Rules are non-anticipating (docs/design.md, "Scheduler: Algorithm 1"): whether slot `k` (0-based) is verified may
+    read c_1..c_{k+1}, which read the drafts before slot `k` only, never the draft of slot `k` itself.
+    """
+
+    def verified(self, slot: int, confidences: list[list[float]], candidates: list[bool]) -> list[bool]:
+        """Per row, whether it verifies `slot`, given every row's c_1..c_{slot+1}; `candidates` are the rows still
+        verifying and within budget (a row that stops verifying never verifies again)."""
+        return candidates
+
+    def settled(self, confidences: list[list[float]]) -> bool:
+        """Whether more slots could change what the caller learns from this round's confidences; sampling continues
+        past the verified slots until it is `True`."""
+        return True
+
+
+class SlotSchedule:
+    """Applies a [`SlotRule`] slot by slot: the rows still verifying, and the drafts each verifies.
+
+    Args:
+        rule ([`SlotRule`]): the verification rule.
+        budgets (`Sequence[int]`): the most drafts each row may verify (its length budget).
+    """
+
+    def __init__(self, rule: SlotRule, budgets: Sequence[int]):
+        self.rule, self.budgets = rule, list(budgets)
+        self.verifying = [budget > 0 for budget in self.budgets]
+        self.lengths = [0] * len(self.budgets)
+        self.num_looked_at = 0  # slots whose confidences were computed
+        self.num_sampled = 0
+
+    def admit(self, slot: int, confidences: list[list[float]]) -> bool:
+        """Called once every row's c_{slot+1} is known: whether to sample `slot` (`False` ends the block)."""
+        self.num_looked_at += 1
+        candidates = [verifying and slot < budget for verifying, budget in zip(self.verifying, self.budgets)]
+        self.verifying = self.rule.verified(slot, confidences, candidates) if any(candidates) else candidates
+        if not any(self.verifying) and self.rule.settled(confidences):
+            return False
+        self.lengths = [length + verifying for length, verifying in zip(self.lengths, self.verifying)]
+        self.num_sampled += 1
+        return True
+
+    def observed(self, confidences: list[list[float]]) -> bool:
+        """Whether the rule judges the confidences computed so far complete (never before the first slot)."""
+        return self.num_looked_at > 0 and self.rule.settled(confidences)
+
+
+def block_inputs(
+    anchor_ids: torch.LongTensor, anchor_positions: torch.LongTensor, block_size: int, mask_token_id: int
+) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """The drafter's block input: each row's anchor then `block_size - 1` mask tokens, at the anchor's position onward.
+
+    Args:
+        anchor_ids (`torch.LongTensor` of shape `(rows,)`): each row's last committed token.
+        anchor_positions (`torch.LongTensor` of shape `(rows,)`): its absolute position.
+
+    Returns:
+        `(input_ids, position_ids)`, both of shape `(rows, block_size)`.
+    """
+    input_ids = torch.full((anchor_ids.shape[0], block_size), mask_token_id, dtype=torch.long, device=anchor_ids.device)
+    input_ids[:, 0] = anchor_ids
+    offsets = torch.arange(block_size, device=anchor_positions.device)
+    return input_ids, anchor_positions[:, None] + offsets[None, :]
+
+
+def pick_tokens(logits: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None) -> torch.LongTensor:
+    """`(rows, vocab)` logits -> `(rows,)` tokens: a sample of their softmax, or the argmax."""
+    if do_sample:
+        return torch.multinomial(logits.softmax(dim=-1), num_samples=1, generator=generator).squeeze(-1)
+    return logits.argmax(dim=-1)
+
+
+def sample_drafts(
+    drafter,
+    hidden_states: torch.Tensor,
+    draft_logits: torch.Tensor,
+    anchor_ids: torch.LongTensor,
+    budgets: Sequence[int],
+    rule: SlotRule | None = None,
+    *,
+    num_slots: int | None = None,
+    process: Callable[[torch.LongTensor, torch.Tensor], torch.Tensor] | None = None,
+    do_sample: bool = False,
+) -> DraftedBlock:
+    """Samples a block's drafts left to right for every row: ``z_k = U_k + bias(x_{k-1})``, processors, then argmax or
+    a sample (docs/design.md, "Markov head and drafting").
+
+    Before slot `k` is sampled, every row's confidence c_{k+1} (which reads x_{k-1} only) is computed and `rule`
+    decides which rows verify the slot; when none does and the rule has observed enough, the block ends.
+
+    Args:
+        drafter: a [`DSparkDrafter`] (or the recipe's standalone drafter).
+        hidden_states (`torch.Tensor` of shape `(rows, block, hidden)`): the block forward's final-normed states.
+        draft_logits (`torch.Tensor` of shape `(rows, block, draft_vocab)`): their base logits ``U_k``.
+        anchor_ids (`torch.LongTensor` of shape `(rows,)`): each row's anchor, the "previous token" of slot 0.
+        budgets (`Sequence[int]`): the most drafts each row may verify.
+        rule ([`SlotRule`], *optional*): defaults to the full block.
+        num_slots (`int`, *optional*): the most slots to look at (defaults to the whole block).
+        process (`Callable`, *optional*): the logits processors, called with the drafts so far `(rows, k)` and the
+            slot's corrected logits `(rows, vocab)` (the caller prepends each row's committed tokens).
+        do_sample (`bool`): sample the drafts instead of taking the argmax.
+
+    Returns:
+        [`DraftedBlock`].
+    """
+    rows, block_size = hidden_states.shape[:2]
+    schedule = SlotSchedule(rule or SlotRule(), budgets)
+    previous, state = anchor_ids.to(hidden_states.device), None
+    confidences, raw = [[] for _ in range(rows)], [[] for _ in range(rows)]
+    tokens, logits = [], []
+    for slot in range(block_size if num_slots is None else min(num_slots, block_size)):
+        _add_confidences(drafter, hidden_states[:, slot], previous, slot, confidences, raw)
+        if not schedule.admit(slot, confidences):
+            break
+        corrected, state = drafter.corrected_logits(draft_logits[:, slot], previous, hidden_states[:, slot], state)
+        if process is not None:
+            drafted = torch.stack(tokens, dim=1) if tokens else anchor_ids.new_zeros((rows, 0))
+            corrected = process(drafted, corrected)
+        token = pick_tokens(corrected, do_sample)
+        tokens.append(token)
+        logits.append(corrected)
+        previous = token.to(hidden_states.device)
+    if not tokens:
+        empty_logits = draft_logits.new_zeros((rows, 0, draft_logits.shape[-1]), dtype=torch.float32)
+        return DraftedBlock(anchor_ids.new_zeros((rows, 0)), empty_logits, confidences, raw, schedule.lengths,
+                            schedule.observed(confidences))  # fmt: skip
+    return DraftedBlock(torch.stack(tokens, dim=1), torch.stack(logits, dim=1), confidences, raw, schedule.lengths,
+                        schedule.observed(confidences))  # fmt: skip
+
+
+def _add_confidences(drafter, hidden_states, previous_ids, slot, confidences, raw) -> None:
+    """Appends each row's raw and calibrated confidence of `slot` (nothing without a confidence head)."""
+    logits = drafter.confidence_logits(hidden_states, previous_ids)
+    if logits is None:
+        return
+    calibrated = drafter.calibrated_confidence(logits, slot)
+    for row, (raw_value, value) in enumerate(zip(logits.tolist(), calibrated.tolist())):
+        raw[row].append(raw_value)
+        confidences[row].append(value)
+
+
+def verify(draft_ids, draft_probs, target_logits, target_probs, do_sample, generator=None):
+    """Accepts a prefix of one sequence's drafts; returns `(num_accepted, next_token)`.
+
+    Args:
+        draft_ids (`list[int]`): the L drafts.
+        draft_probs (`torch.Tensor` of shape `(L, vocab)`): the distributions the drafts were sampled from (unused,
+            and may be `None`, when greedy or when L is 0).
+        target_logits (`torch.Tensor` of shape `(L + 1, vocab)`): the target's processed logits at each verified slot.
+        target_probs (`torch.Tensor` of shape `(L + 1, vocab)`): their softmax (unused, and may be `None`, when greedy).
+        do_sample (`bool`): speculative rejection sampling if True, else greedy prefix matching.
+        generator (`torch.Generator`, *optional*): the random source of the sampling.
+    """
+    if not do_sample:
+        choices = target_logits.argmax(dim=-1).tolist()
+        accepted = 0
+        while accepted < len(draft_ids) and draft_ids[accepted] == choices[accepted]:
+            accepted += 1
+        return accepted, choices[accepted]
+    for slot, token in enumerate(draft_ids):
+        p, q = target_probs[slot, token], draft_probs[slot, token]
+        # p >= q: always accept; else accept with probability p / q
+        if torch.rand((), generator=generator, device=p.device) < torch.clamp(p / q.clamp_min(1e-8), max=1.0):
+            continue
+        # Rejected: sample from the normalized residual max(p_t - p_d, 0) (the target itself if it vanishes).
+        residual = (target_probs[slot] - draft_probs[slot]).clamp_min(0)
+        residual = residual if residual.sum() > 1e-8 else target_probs[slot]
+        return slot, int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+    bonus = torch.multinomial(target_probs[len(draft_ids)], 1, generator=generator)
+    return len(draft_ids), int(bonus)
