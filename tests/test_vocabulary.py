@@ -12,7 +12,7 @@ import torch
 
 from conftest import make_drafter, make_target
 from dspark_hf import DSparkDrafter, hub, interop, testing
-from dspark_hf.training.objective import compute_dspark_loss
+from dspark_hf.training.objective import supervised_targets
 from dspark_hf.vocabulary import coverage, main as reduce_vocab_main, select_draft_vocabulary
 
 
@@ -138,10 +138,10 @@ def test_reduce_vocabulary_rejects_bad_ids(ids):
         drafter.reduce_vocabulary(ids)
 
 
-def test_training_and_from_target_refuse_a_reduced_vocabulary():
+def test_a_reduced_vocabulary_needs_the_targets_head_to_train_and_from_target_refuses_one():
     target, _, drafter, _ = _reduced_pair()
-    with pytest.raises(ValueError, match="reduced vocabulary"):
-        compute_dspark_loss(drafter, blocks=None, signals=None)
+    with pytest.raises(ValueError, match="target_lm_head"):  # the mass outside the draft vocabulary needs it
+        supervised_targets(drafter, last_hidden_state=None, blocks=None)
     with pytest.raises(ValueError, match="reduce_vocabulary"):
         DSparkDrafter.from_target(target, draft_vocab_size=10)
 

@@ -42,7 +42,7 @@ from transformers import HfArgumentParser, PreTrainedModel, PreTrainedTokenizerB
 from transformers.utils import logging
 
 from ..cli import HelpFormatter
-from ..models import DEFAULT_TARGET, load_target
+from ..models import DEFAULT_TARGET, load_target, target_dtype
 
 
 logger = logging.get_logger(__name__)
@@ -60,7 +60,10 @@ class PrepareDataArguments:
     )
     output_dir: str = field(metadata={"help": "Folder for the parquet shards (created; reruns resume)."})
     target: str = field(default=DEFAULT_TARGET, metadata={"help": "Target: Hub id, local folder or embedded name."})
-    target_dtype: str = field(default="float32", metadata={"help": "Target dtype: float32, bfloat16 or float16."})
+    target_dtype: str = field(
+        default="float32",
+        metadata={"help": "Target dtype: float32, bfloat16, float16, or auto (bf16 where computed natively)."},
+    )
     device: str | None = field(
         default=None, metadata={"help": "Device for the target (default: cuda:LOCAL_RANK if cuda is available)."}
     )
@@ -472,6 +475,9 @@ def prepare_data(args: PrepareDataArguments, target=None, tokenizer=None) -> Pre
     """Runs the whole preparation (resumably), or this worker's part of it (see `--num_shards`).
     `target`/`tokenizer` skip loading."""
     shard_index, num_shards = args.worker()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = args.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
+    dtype = target_dtype(args.target_dtype, device)  # a bad name fails before any work
     prefix = "shard-" if num_shards == 1 else f"worker-{shard_index}-of-{num_shards}.shard-"
     writer = ShardWriter(args.output_dir, prefix)
     report = PrepareDataReport(writer.output_dir)
@@ -483,9 +489,7 @@ def prepare_data(args: PrepareDataArguments, target=None, tokenizer=None) -> Pre
     if not pending:
         return report
     if target is None:
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        device = args.device or (f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
-        target, tokenizer = load_target(args.target, dtype=getattr(torch, args.target_dtype), device=device)
+        target, tokenizer = load_target(args.target, dtype=dtype, device=device)
     progress = tqdm(total=len(pending), desc="prepare-data", unit="prompt")
     for shard_start in range(0, len(pending), args.shard_size):
         indices = pending[shard_start: shard_start + args.shard_size]

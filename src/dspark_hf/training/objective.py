@@ -116,6 +116,12 @@ def supervised_targets(
     is the target's own; a reduced one keeps only the draft rows, so `target_lm_head` (the target's output weight,
     `(vocab, hidden)`) is needed for the mass outside the draft vocabulary.
     """
+    draft_ids = drafter.draft_token_ids
+    if draft_ids is not None and target_lm_head is None:
+        raise ValueError(
+            "This drafter drafts over a reduced vocabulary and keeps only those rows of the LM head; pass the "
+            "target's output weight as target_lm_head (target.get_output_embeddings().weight)."
+        )
     block_size = drafter.config.block_size
     batch, seq_len = last_hidden_state.shape[:2]
     positions = blocks.anchors[..., None] + torch.arange(block_size, device=blocks.anchors.device)
@@ -124,15 +130,9 @@ def supervised_targets(
     unique, slot_index = torch.unique(flat, return_inverse=True)
     states = last_hidden_state.flatten(0, 1)[unique]
     labels = blocks.labels[blocks.supervised]
-    draft_ids = drafter.draft_token_ids
     if draft_ids is None:
         logits = drafter.base_logits(states.to(drafter.lm_head.weight.dtype)).float()
         return SupervisedTargets(logits[slot_index], None, labels)
-    if target_lm_head is None:
-        raise ValueError(
-            "This drafter drafts over a reduced vocabulary and keeps only those rows of the LM head; pass the "
-            "target's output weight as target_lm_head (target.get_output_embeddings().weight)."
-        )
     logits = torch.nn.functional.linear(states.to(target_lm_head.dtype), target_lm_head).float()
     cap = getattr(drafter.config, "final_logit_softcapping", None)
     if cap is not None:  # Gemma caps its logits; the drafter's frozen head does the same

@@ -27,7 +27,7 @@ from transformers import HfArgumentParser, IntervalStrategy, PreTrainedModel, Tr
 from transformers.utils import logging
 
 from .._transformers_compat import unwrap_drafter
-from ..models import DEFAULT_TARGET, load_target
+from ..models import DEFAULT_TARGET, load_target, target_dtype
 from ..modeling_dspark import DSparkDrafter
 from .blocks import DSparkBlocks, eligible_anchors
 from .collator import DSparkDataCollator
@@ -47,7 +47,10 @@ class DSparkModelArguments:
     _argument_group_name = "target and drafter"
 
     target: str = field(default=DEFAULT_TARGET, metadata={"help": "Target: Hub id, local folder or embedded name."})
-    target_dtype: str = field(default="float32", metadata={"help": "Target dtype: float32, bfloat16 or float16."})
+    target_dtype: str = field(
+        default="float32",
+        metadata={"help": "Target dtype: float32, bfloat16, float16, or auto (bf16 where computed natively)."},
+    )
     drafter: str | None = field(
         default=None, metadata={"help": "Drafter folder to resume or fine-tune; a new one is built when omitted."}
     )
@@ -387,6 +390,8 @@ def build_trainer(
 ) -> DSparkTrainer:
     """Loads the target (unless given), builds or loads the drafter (LoRA-wrapped if asked), data and trainer."""
     set_seed(training_args.seed)
+    # resolved first: a bad name fails before any work, and the feature cache records the dtype actually used
+    model_args.target_dtype = str(target_dtype(model_args.target_dtype, training_args.device)).removeprefix("torch.")
     train_dataset, eval_dataset = prepare_datasets(data_args, training_args.seed)  # bad data fails before the target
     if target is None:
         target, tokenizer = load_target(model_args.target, dtype=getattr(torch, model_args.target_dtype))
@@ -494,6 +499,9 @@ def main(argv: list[str] | None = None) -> int:
     saved = save_final(trainer, model_args, lora_args)
     if trainer.is_world_process_zero():
         print(f"Saved: {', '.join(saved)}")
+    # Tear the process group down before the interpreter exits: a gloo group left to exit handlers can abort a rank
+    # ("terminate called without an active exception") after all its work is done.
+    trainer.accelerator.end_training()
     return 0
 
 
