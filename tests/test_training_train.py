@@ -11,6 +11,7 @@ from dspark_hf import DSparkDrafter
 from dspark_hf.training import train
 from dspark_hf.training.collator import DSparkDataCollator
 from dspark_hf.training.train import DSparkTrainer, DSparkTrainingArguments
+from dspark_hf.vocabulary import count_response_tokens, select_draft_vocabulary, special_token_ids
 from test_training_helpers import char_tokenizer, learnable_target, self_generated_examples, single_thread
 
 
@@ -168,6 +169,25 @@ def test_a_reduced_compact_drafter_trains_over_its_draft_vocabulary(tmp_path, lo
     trained = DSparkDrafter.from_pretrained(tmp_path / "run" / ("merged" if lora else ""))
     assert trained.config.draft_vocab_size == 40 and torch.equal(trained.draft_token_ids, torch.arange(40))
     assert not torch.equal(trained.fc.weight, drafter.fc.weight)
+
+
+def test_draft_vocab_size_trains_a_new_drafter_over_the_most_frequent_response_ids(tmp_path, capsys):
+    target = _save_target(tmp_path)
+    data_dir = _save_data(tmp_path, target)
+    common = ["--target", str(tmp_path / "target"), "--train_data", data_dir, "--num_anchors", "4", "--max_steps", "2",
+              "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--eval_strategy", "no"]
+    new = ["--block_size", "3", "--markov_rank", "8", "--draft_vocab_size", "24", "--output_dir", str(tmp_path / "run")]
+    assert train.main(common + new) == 0
+    trained = DSparkDrafter.from_pretrained(tmp_path / "run")
+    counts = count_response_tokens(data_dir)
+    expected = select_draft_vocabulary(counts, 24, target.config.vocab_size, special_token_ids(trained.config))
+    assert trained.config.draft_vocab_size == 24 and trained.draft_token_ids.tolist() == expected
+    # a trained drafter keeps its draft vocabulary: another size is refused in one line that says what to do
+    with pytest.raises(SystemExit):
+        train.main(common + ["--drafter", str(tmp_path / "run"), "--draft_vocab_size", "16", "--output_dir",
+                             str(tmp_path / "again")])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--draft_vocab_size 16 (the drafter has 24)" in error and "reduce-vocab" in error
 
 
 def test_a_compact_drafter_is_loaded_with_the_given_target(tmp_path):
