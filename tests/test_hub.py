@@ -20,6 +20,7 @@ from transformers import AutoModel, BatchEncoding
 from conftest import (
     SYNTHETIC_PROMPT as PROMPT,
     assert_round_trip_is_byte_identical,
+    char_tokenizer,
     count_forwards,
     load_generate_module,
     make_drafter,
@@ -27,7 +28,6 @@ from conftest import (
     predictable_pair,
 )
 from dspark_hf import DSparkDrafter, cli, hub, interop, testing
-from test_training_helpers import char_tokenizer
 
 
 CARD = {"base_model": "org/tiny-target", "license": "apache-2.0", "datasets": ["org/chat-responses"]}

@@ -14,7 +14,7 @@ from dspark_hf.training.data import (
     record_to_prompt,
     text_chunks,
 )
-from test_training_helpers import END_OF_TURN, char_tokenizer, learnable_target, single_thread
+from conftest import END_OF_TURN, char_tokenizer, learnable_target, single_thread
 
 
 @pytest.fixture(autouse=True)

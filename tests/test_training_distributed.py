@@ -23,7 +23,7 @@ import dspark_hf
 from dspark_hf.interop import config_problems
 from dspark_hf.training import data, train
 from dspark_hf.training.data import load_training_dataset
-from test_training_helpers import char_tokenizer, learnable_target, self_generated_examples, single_thread
+from conftest import char_tokenizer, learnable_target, self_generated_examples, single_thread
 
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from dspark_hf.training.blocks import DSparkBlocks
 from dspark_hf.training.collator import DSparkDataCollator
 from dspark_hf.training.features import compute_target_signals
 from dspark_hf.training.objective import drafter_block_states
-from test_training_helpers import (
+from conftest import (
     char_tokenizer,
     greedy_outputs,
     greedy_tau,

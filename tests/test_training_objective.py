@@ -15,7 +15,7 @@ from dspark_hf.training.objective import (
     drafter_block_states,
     supervised_targets,
 )
-from test_training_helpers import single_thread
+from conftest import single_thread
 
 
 BLOCK = 4

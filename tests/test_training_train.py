@@ -12,7 +12,7 @@ from dspark_hf.training import train
 from dspark_hf.training.collator import DSparkDataCollator
 from dspark_hf.training.train import DSparkTrainer, DSparkTrainingArguments
 from dspark_hf.vocabulary import count_response_tokens, select_draft_vocabulary, special_token_ids
-from test_training_helpers import char_tokenizer, learnable_target, self_generated_examples, single_thread
+from conftest import char_tokenizer, learnable_target, self_generated_examples, single_thread
 
 
 @pytest.fixture(autouse=True)
