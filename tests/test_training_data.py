@@ -83,6 +83,24 @@ def test_responses_are_the_targets_greedy_continuations_with_masks(tmp_path, tar
         assert json.loads(example["messages"])[-1]["role"] == "assistant"
 
 
+def test_finished_rows_leave_the_batch_and_every_answer_is_the_one_by_one_greedy_answer(target, monkeypatch):
+    monkeypatch.setattr(data, "SEGMENT_TOKENS", 3)
+    prompts = [[5, 6, 7], [9, 8, 7, 6, 5], [11, 12], [20, 21, 22, 23]]
+    alone = [target.generate(torch.tensor([p]), do_sample=False, max_new_tokens=12, pad_token_id=0)[0, len(p):].tolist()
+             for p in prompts]
+    stop = alone[0][4]  # a token the first answer reaches after 5 tokens: it ends there, before the others
+
+    def cut(tokens):
+        return tokens[: tokens.index(stop) + 1] if stop in tokens else tokens
+
+    batch_rows = []
+    generate = target.generate
+    monkeypatch.setattr(target, "generate", lambda **kw: batch_rows.append(len(kw["input_ids"])) or generate(**kw))
+    responses = data.generate_responses(target, prompts, {stop}, 0, {"max_new_tokens": 12, "do_sample": False})
+    assert responses == [cut(tokens) for tokens in alone]
+    assert len(batch_rows) >= 2 and batch_rows[-1] < batch_rows[0]  # the first answer's row left the batch
+
+
 def test_rerun_resumes_and_skips_done_prompts(tmp_path, target, monkeypatch):
     tokenizer = char_tokenizer()
     source = _jsonl(tmp_path / "p.jsonl", [{"prompt": f"P{i}"} for i in range(5)])
