@@ -270,7 +270,7 @@ def generate_responses(
     cache = DynamicCache(config=target.config)
     while rows and budget > 0:
         step = min(SEGMENT_TOKENS, budget)
-        output = target.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+        output = target.generate(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
                                  max_new_tokens=step, pad_token_id=pad_token_id, eos_token_id=sorted(stop_ids), **kwargs)
         new_tokens = output[:, input_ids.shape[1]:]
         budget -= step
