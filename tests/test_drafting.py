@@ -4,31 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from dspark_hf.generation.drafting import SlotSchedule, block_inputs, sample_drafts, verify
+from conftest import CHAIN_VOCAB, drafts_for
+from dspark_hf.generation.drafting import SlotSchedule, block_inputs, verify
 from dspark_hf.generation.verification_policy import FixedLengthPolicy, ThresholdPolicy, VerificationPolicy
 
 
-VOCAB = 10
-
-
-class ChainDrafter:
-    """Drafts ``previous + 1`` (mod VOCAB) after every token; a slot's confidence is the row's hidden value there."""
-
-    def confidence_logits(self, hidden_states, previous_ids):
-        return hidden_states[:, 0]
-
-    def calibrated_confidence(self, logits, slot):
-        return logits  # already probabilities here
-
-    def corrected_logits(self, draft_logits, previous_ids, hidden_states, state=None):
-        return draft_logits + 100.0 * torch.nn.functional.one_hot((previous_ids + 1) % VOCAB, VOCAB), state
-
-
-def drafts_for(confidences: list[list[float]], budgets, rule=None, **kwargs):
-    hidden = torch.tensor(confidences)[:, :, None]  # (rows, block, 1): the confidences, as hidden states
-    logits = torch.zeros(len(confidences), len(confidences[0]), VOCAB)
-    return sample_drafts(ChainDrafter(), hidden, logits, torch.tensor([3, 7][: len(confidences)]), budgets, rule,
-                         **kwargs)  # fmt: skip
+VOCAB = CHAIN_VOCAB
 
 
 def test_rows_stop_at_their_budget_or_first_no_and_the_block_at_the_last_row():
