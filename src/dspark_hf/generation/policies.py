@@ -338,8 +338,13 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         max_idle_rounds, outcome_decay: as for [`HardwareAwarePolicy`].
     """
 
-    def __init__(self, speed_model: SpeedModel, steps_per_second_by_rows: Mapping[int, Mapping[int, float]] | None = None,
-                 max_idle_rounds: int = 64, outcome_decay: float | None = 0.95):
+    def __init__(
+        self,
+        speed_model: SpeedModel,
+        steps_per_second_by_rows: Mapping[int, Mapping[int, float]] | None = None,
+        max_idle_rounds: int = 64,
+        outcome_decay: float | None = 0.95,
+    ):
         self.steps_per_second_by_rows = steps_per_second_by_rows
         super().__init__(speed_model, max_idle_rounds, outcome_decay)
 
@@ -378,8 +383,8 @@ class PlannedWidthPolicy(_MeasuredPolicy):
 
     def _probe_width(self, confidences) -> int:
         """A probe's width: Algorithm 1 over widths on this round's (corrected) confidences; its drafting is paid."""
-        return plan_verification_width([self.corrected(values) for values in confidences], self._speed(len(confidences)),
-                                       self._started() + 1, early_stop=True)  # fmt: skip
+        corrected = [self.corrected(values) for values in confidences]
+        return plan_verification_width(corrected, self._speed(len(confidences)), self._started() + 1, early_stop=True)
 
     def _speed(self, rows: int):
         return self.speed_model.speed(rows, self.steps_per_second_by_rows)

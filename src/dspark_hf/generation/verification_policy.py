@@ -108,7 +108,8 @@ class VerificationPolicy:
                 not read past index `slot`.
             candidates: the rows still verifying and within their budget; a row that is not verifies nothing.
         """
-        return [candidate and self.should_verify(slot + 1, values) for candidate, values in zip(candidates, confidences)]
+        return [candidate and self.should_verify(slot + 1, values)
+                for candidate, values in zip(candidates, confidences)]
 
     def should_verify(self, position: int, confidences: Sequence[float]) -> bool:
         """One row's decision for slot `position` (1-based) from its c_1..c_position, for policies that decide each
