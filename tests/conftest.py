@@ -201,6 +201,34 @@ def _tensors(folder: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+CHAIN_VOCAB = 10
+
+
+class ChainDrafter:
+    """A stand-in drafter for the drafting loop: drafts ``previous + 1`` (mod `CHAIN_VOCAB`) after every token; a
+    slot's confidence is the row's hidden value there."""
+
+    def confidence_logits(self, hidden_states, previous_ids):
+        return hidden_states[:, 0]
+
+    def calibrated_confidence(self, logits, slot):
+        return logits  # already probabilities here
+
+    def corrected_logits(self, draft_logits, previous_ids, hidden_states, state=None):
+        return draft_logits + 100.0 * torch.nn.functional.one_hot((previous_ids + 1) % CHAIN_VOCAB, CHAIN_VOCAB), state
+
+
+def drafts_for(confidences: list[list[float]], budgets, policy=None, **kwargs):
+    """`sample_drafts` on a [`ChainDrafter`] whose rows' confidences are `confidences` `(rows, block)`; anchors 3, 7,
+    11, ..."""
+    from dspark_hf.generation.drafting import sample_drafts
+
+    hidden = torch.tensor(confidences)[:, :, None]  # (rows, block, 1): the confidences, as hidden states
+    logits = torch.zeros(len(confidences), len(confidences[0]), CHAIN_VOCAB)
+    anchors = torch.arange(len(confidences)) * 4 + 3
+    return sample_drafts(ChainDrafter(), hidden, logits, anchors, budgets, policy, **kwargs)
+
+
 def solo(target, prompt, max_new_tokens, **kwargs):
     """The target's own greedy continuation of one prompt (a list of ids), for comparing batched rows with."""
     out = target.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0,

@@ -170,11 +170,12 @@ def test_batched_hardware_aware_skips_a_costly_drafter_and_stays_lossless():
     skipped = sum(not r.drafted for r in rounds)
     assert 0 < skipped < len(rounds)
     assert len(calls) == len(rounds) - skipped  # a skipped round never runs the drafter's block forward
-    assert policy._step_seconds and all(seconds > 0 for seconds in policy._step_seconds.values())  # steps timed
+    steps = policy.speed_model.step_seconds  # the engine's planner shares the policy's speed model
+    assert steps and all(seconds > 0 for seconds in steps.values())  # steps timed
 
 
 def test_plan_verification_width_weighs_the_drafting_cost():
-    from dspark_hf.generation.batched import plan_verification_width
+    from dspark_hf.scheduling import plan_verification_width
 
     speeds = {1: 10.0, 2: 9.0, 3: 8.5}.get
     assert plan_verification_width([[0.5, 0.5]] * 2, speeds, 3) == 3
@@ -182,7 +183,7 @@ def test_plan_verification_width_weighs_the_drafting_cost():
 
 
 def test_plan_verification_width_reads_the_whole_curve():
-    from dspark_hf.generation.batched import plan_verification_width
+    from dspark_hf.scheduling import plan_verification_width
 
     cliff = {1: 10.0, 2: 4.0, 3: 3.8, 4: 3.6, 5: 3.5, 6: 3.4, 7: 3.3, 8: 3.2}.get
     # A cliff after 1 token: Algorithm 1's early stop would never verify; the global search sees the gain at 8.

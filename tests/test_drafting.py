@@ -4,50 +4,30 @@ from __future__ import annotations
 
 import torch
 
-from dspark_hf.generation.drafting import SlotRule, SlotSchedule, block_inputs, sample_drafts, verify
-from dspark_hf.generation.policies import FixedLengthPolicy, PolicySlots, ThresholdPolicy
+from conftest import CHAIN_VOCAB, drafts_for
+from dspark_hf.generation.drafting import SlotSchedule, block_inputs, verify
+from dspark_hf.generation.verification_policy import FixedLengthPolicy, ThresholdPolicy, VerificationPolicy
 
 
-VOCAB = 10
-
-
-class ChainDrafter:
-    """Drafts ``previous + 1`` (mod VOCAB) after every token; a slot's confidence is the row's hidden value there."""
-
-    def confidence_logits(self, hidden_states, previous_ids):
-        return hidden_states[:, 0]
-
-    def calibrated_confidence(self, logits, slot):
-        return logits  # already probabilities here
-
-    def corrected_logits(self, draft_logits, previous_ids, hidden_states, state=None):
-        return draft_logits + 100.0 * torch.nn.functional.one_hot((previous_ids + 1) % VOCAB, VOCAB), state
-
-
-def drafts_for(confidences: list[list[float]], budgets, rule=None, **kwargs):
-    hidden = torch.tensor(confidences)[:, :, None]  # (rows, block, 1): the confidences, as hidden states
-    logits = torch.zeros(len(confidences), len(confidences[0]), VOCAB)
-    return sample_drafts(ChainDrafter(), hidden, logits, torch.tensor([3, 7][: len(confidences)]), budgets, rule,
-                         **kwargs)  # fmt: skip
+VOCAB = CHAIN_VOCAB
 
 
 def test_rows_stop_at_their_budget_or_first_no_and_the_block_at_the_last_row():
-    block = drafts_for([[0.75, 0.25, 0.75, 0.75], [0.75] * 4], [4, 2], PolicySlots(ThresholdPolicy(0.5), 4))
+    block = drafts_for([[0.75, 0.25, 0.75, 0.75], [0.75] * 4], [4, 2], ThresholdPolicy(0.5))
     # row 0 stops at c_2 < 0.5 and does not resume at c_3; row 1 at its budget of 2
     assert block.lengths == [1, 2]
     assert block.ids.tolist() == [[4, 5], [8, 9]]  # sampled while a row still verifies, along each row's chain
     assert block.logits.shape == (2, 2, VOCAB)
     assert block.confidences == [[0.75, 0.25, 0.75], [0.75] * 3]  # c_3 is read to decide slot 2, then it ends
-    assert block.observed  # a policy that does not observe rounds is always settled
+    assert block.observed  # a policy that does not plan from whole rounds is always settled
 
 
 def test_an_unsettled_rule_samples_unverified_slots_and_num_slots_bounds_them():
-    class Observing(SlotRule):
+    class Observing(VerificationPolicy):
         def settled(self, confidences):
             return len(confidences[0]) == 3
 
-    rule = PolicySlots(FixedLengthPolicy(1), 4)
-    assert drafts_for([[0.5] * 4], [4], rule).ids.shape == (1, 1)
+    assert drafts_for([[0.5] * 4], [4], FixedLengthPolicy(1)).ids.shape == (1, 1)
     block = drafts_for([[0.5] * 4], [1], Observing())
     assert block.lengths == [1] and block.ids.tolist() == [[4, 5]]  # slot 1 sampled to read c_3, not verified
     assert drafts_for([[0.5] * 4], [4], num_slots=2).lengths == [2]
@@ -72,7 +52,7 @@ def test_the_processor_sees_the_drafts_so_far():
 def test_slot_schedule_asks_the_rule_only_for_rows_still_verifying():
     asked = []
 
-    class Recording(SlotRule):
+    class Recording(VerificationPolicy):
         def verified(self, slot, confidences, candidates):
             asked.append(candidates)
             return [candidate and slot == 0 for candidate in candidates]

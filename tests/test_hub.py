@@ -307,19 +307,20 @@ RUN_WITHOUT_DSPARK_HF = textwrap.dedent("""
 
 
 def test_written_recipe_inlines_the_drafting_module_and_runs_without_dspark_hf(tmp_path):
-    """The recipe is assembled from the package's own drafting module at write time (nothing to go stale), and what
+    """The recipe is assembled from the package's own policy and drafting modules at write time (nothing to go stale), and what
     is written runs in a process where dspark-hf cannot be imported."""
-    from dspark_hf.generation import drafting
+    from dspark_hf.generation import drafting, verification_policy
 
     target, path = predictable_pair(tmp_path, dtype="float32")
     target.save_pretrained(tmp_path / "target")
     folder = hub.write_custom_generate(path, str(path))
     source = (folder / "generate.py").read_text()
-    assert inspect.getsource(drafting).split("from __future__ import annotations\n", 1)[1].strip() in source
+    for module in (verification_policy, drafting):
+        assert inspect.getsource(module).split("from __future__ import annotations\n", 1)[1].strip() in source
     nodes = list(ast.walk(ast.parse(source)))
     imported = {alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names}
     imported = {name.split(".")[0] for name in imported | {n.module for n in nodes if isinstance(n, ast.ImportFrom)}}
-    allowed = {"__future__", "collections", "dataclasses", "inspect", "json", "os", "torch", "safetensors",
+    allowed = {"__future__", "collections", "dataclasses", "inspect", "json", "math", "os", "torch", "safetensors",
                "transformers", "huggingface_hub"}  # fmt: skip
     assert imported <= allowed, imported - allowed  # dspark_hf above all
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}

@@ -14,11 +14,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dspark_hf.generation.policies import HardwareAwarePolicy, ThresholdPolicy
+from dspark_hf.generation.policies import HardwareAwarePolicy, RoundOutcome, ThresholdPolicy
 from dspark_hf.scheduling import (
     StepsPerSecondCurve,
+    blend_survival,
+    corrected_confidences,
     expected_throughput,
     plan_is_settled,
+    plan_verification_width,
     prefix_survival_probabilities,
     schedule_verification_lengths,
     schedule_verification_lengths_async,
@@ -30,6 +33,20 @@ from dspark_hf.scheduling import (
 # The shape this CPU shows (docs/cpu-measurements.md): verifying 2+ tokens costs ~2-3x a decode step, then flattens.
 CPU_LIKE = {1: 10.0, 2: 4.0, 3: 3.9, 4: 3.8, 5: 3.7, 6: 3.6, 7: 3.5, 8: 3.4}
 SMOOTH = {b: 10.0 / (1 + 0.1 * (b - 1)) for b in range(1, 17)}
+
+
+def observe(policy, confidences):
+    """Ends a drafted round of one row whose confidences the drafting loop observed (the policy plans from them)."""
+    policy.end_round(RoundOutcome([list(confidences)], [0], [0], observed=True))
+
+
+def record_outcome(policy, confidences, verified, accepted):
+    """Ends a round of one row that verified `verified` drafts and had `accepted` of them accepted."""
+    policy.end_round(RoundOutcome([list(confidences)], [verified], [accepted]))
+
+
+def should_draft(policy):
+    return policy.begin_round([None], 4)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -326,44 +343,44 @@ def test_capacity_weighs_the_drafting_cost():
 
 def test_hardware_aware_policy_backs_off_a_drafter_that_does_not_pay():
     policy = HardwareAwarePolicy({1: 10.0, 2: 9.0}, draft_seconds=0.05, max_idle_rounds=4)
-    assert policy.should_draft()  # nothing planned yet: draft (Algorithm 1 on this round's confidences)
-    policy.observe([0.3])  # 1.3 tokens in 0.161 s < 10 tokens/s: plan 0
+    assert should_draft(policy)  # nothing planned yet: draft (Algorithm 1 on this round's confidences)
+    observe(policy, [0.3])  # 1.3 tokens in 0.161 s < 10 tokens/s: plan 0
     pattern = []
     for _ in range(14):
-        drafts = policy.should_draft()
+        drafts = should_draft(policy)
         pattern.append(drafts)
         if drafts:
             assert policy.verification_length([0.9]) == 1  # a probe verifies by Algorithm 1 (its cost is sunk)
-            policy.observe([0.3])
+            observe(policy, [0.3])
     # skip 1, probe, skip 2, probe, skip 4, probe, skip 4 (the cap), probe
     assert pattern == [False, True, False, False, True, False, False, False, False, True, False, False, False, False]
-    policy.observe([0.99])  # a confident probe: 1.99 tokens in 0.161 s beat plain decoding, draft every round again
-    assert policy.should_draft() and policy.should_draft() and policy.verification_length([0.1]) == 1
-    policy.record_outcome([0.99], verified=1, accepted=0)  # ... but the draft failed
-    policy.observe([0.3])
-    assert [policy.should_draft() for _ in range(5)] == [False] * 4 + [True]  # backoff kept at the cap
-    policy.record_outcome([0.5], verified=1, accepted=1)  # a round that paid what it promised
-    policy.observe([0.3])
-    assert [policy.should_draft() for _ in range(2)] == [False, True]  # backoff starts over at 1
-    policy.record_draft_seconds(0.02)
-    policy.record_step_seconds(0.1, rows=1, width=2)
-    policy.record_outcome([0.9], verified=1, accepted=0)
+    observe(policy, [0.99])  # a confident probe: 1.99 tokens in 0.161 s beat plain decoding, draft every round again
+    assert should_draft(policy) and should_draft(policy) and policy.verification_length([0.1]) == 1
+    record_outcome(policy, [0.99], verified=1, accepted=0)  # ... but the draft failed
+    observe(policy, [0.3])
+    assert [should_draft(policy) for _ in range(5)] == [False] * 4 + [True]  # backoff kept at the cap
+    record_outcome(policy, [0.5], verified=1, accepted=1)  # a round that paid what it promised
+    observe(policy, [0.3])
+    assert [should_draft(policy) for _ in range(2)] == [False, True]  # backoff starts over at 1
+    policy.end_round(RoundOutcome([[0.9]], [1], [0], draft_seconds=0.02, step_seconds=0.1))
     assert policy.acceptance_ratio < 1.0
     policy.reset()  # a new generation (prompt): plan, backoff and acceptance ratio start over, timings stay
-    assert policy._planned_length is None and policy.acceptance_ratio == 1.0
-    assert policy.should_draft() and policy.verification_length([0.9]) == 1  # Algorithm 1 again, no backoff
-    assert policy._measured_seconds == {1: 0.02} and policy.measured_speed(1, 2, {2: 9.0}.get) == pytest.approx(10.0)
+    assert policy.acceptance_ratio == 1.0
+    assert should_draft(policy) and policy.verification_length([0.9]) == 1  # Algorithm 1 again, no backoff
+    speeds = policy.speed_model
+    assert speeds.drafting_cost() == 0.05  # the fixed draft_seconds wins over the measured 0.02
+    assert speeds.step_seconds == {(1, 2): 0.1} and speeds.measured_speed(1, 2, {2: 9.0}.get) == pytest.approx(10.0)
     policy.forget()
-    assert not policy._measured_seconds and policy.measured_speed(1, 2, {2: 9.0}.get) == 9.0
+    assert not speeds.step_seconds and speeds.measured_speed(1, 2, {2: 9.0}.get) == 9.0
 
 
 def test_hardware_aware_policy_measures_the_drafting_cost():
     policy = HardwareAwarePolicy({1: 10.0, 2: 9.0})
     assert policy.drafting_cost() == 0.0  # nothing measured yet: the paper's free drafter
-    policy.record_draft_seconds(0.010)
-    policy.record_draft_seconds(0.020)
+    for seconds in (0.010, 0.020):
+        policy.end_round(RoundOutcome([[0.5]], [1], [1], draft_seconds=seconds))
     assert policy.drafting_cost() == pytest.approx(0.012)  # moving average
-    policy.record_draft_seconds(0.040, rows=4)
+    policy.end_round(RoundOutcome([[0.5]] * 4, [1] * 4, [1] * 4, draft_seconds=0.040))
     assert policy.drafting_cost(4) == pytest.approx(0.040) and policy.drafting_cost(8) == pytest.approx(0.080)
     with pytest.raises(ValueError, match="draft_seconds"):
         HardwareAwarePolicy({1: 1.0}, draft_seconds=float("nan"))
@@ -387,8 +404,6 @@ def test_a_settled_plan_is_the_plan_of_the_whole_block(confidences, speeds, draf
 @given(st.lists(st.lists(probabilities, min_size=6, max_size=6), min_size=1, max_size=4), speed_curves,
        st.sampled_from([0.0, 0.05]), st.integers(0, 6))
 def test_a_settled_batch_plan_is_the_plan_of_the_whole_block(rows, speeds, draft_seconds, k):
-    from dspark_hf.generation.batched import plan_verification_width
-
     curve = StepsPerSecondCurve.from_table(speeds)
     speed = lambda width: curve(len(rows) * width)  # noqa: E731  (padded forward of every row)
     if plan_is_settled([row[:k] for row in rows], speed, 7, draft_seconds):
@@ -406,20 +421,20 @@ def test_online_correction_pulls_overconfident_plans_down():
     speeds = {1: 10.0, 2: 9.0}
     policy = HardwareAwarePolicy(speeds, draft_seconds=0.0)
     assert policy.acceptance_ratio == 1.0 and policy.corrected([0.3, 0.5]) == [0.3, 0.5]
-    policy.observe([0.3])
+    observe(policy, [0.3])
     assert policy.verification_length([0.3]) == 1  # 1.3 tokens at 9/s beat 1 token at 10/s
     for _ in range(30):  # the drafter claims 0.3 but the target never accepts
-        policy.record_outcome([0.3, 0.9], verified=1, accepted=0)
+        record_outcome(policy, [0.3, 0.9], verified=1, accepted=0)
     assert policy.acceptance_ratio < 0.3
-    policy.observe([0.3])
+    observe(policy, [0.3])
     assert policy.verification_length([0.3]) == 0  # corrected 1 + 0.3 * ratio tokens at 9/s lose to 10/s
     for _ in range(60):  # then it accepts everything it claims
-        policy.record_outcome([0.3], verified=1, accepted=1)
+        record_outcome(policy, [0.3], verified=1, accepted=1)
     assert policy.acceptance_ratio > 2.0 and policy.corrected([0.3, 0.5]) == [pytest.approx(min(1.0, 0.3 * policy.acceptance_ratio)), 0.5]
     policy.forget()
     assert policy.acceptance_ratio == 1.0
     off = HardwareAwarePolicy(speeds, outcome_decay=None)
-    off.record_outcome([0.3], verified=1, accepted=0)
+    record_outcome(off, [0.3], verified=1, accepted=0)
     assert off.corrected([0.3]) == [0.3]
     with pytest.raises(ValueError, match="outcome_decay"):
         HardwareAwarePolicy(speeds, outcome_decay=1.0)
@@ -435,7 +450,7 @@ def test_plan_smoothing_averages_survival_over_observed_rounds():
     for policy in (last_only, smoothed):
         policy.forget()
         for c in ([0.6], [0.6], [0.05]):  # a drafter that usually pays, then one doubtful round
-            policy.observe(c)
+            observe(policy, c)
     assert last_only.verification_length([0.05]) == 0  # planned from the doubtful round alone
     assert smoothed.verification_length([0.05]) == 1  # blended a_1 = 0.5 * 0.6 + 0.5 * 0.05 still pays
     assert smoothed.plan_confidences([]) == []
@@ -443,8 +458,17 @@ def test_plan_smoothing_averages_survival_over_observed_rounds():
         HardwareAwarePolicy(speeds, plan_smoothing=1.0)
 
 
-def test_hardware_aware_policy_prefers_measured_step_speeds():
-    policy = HardwareAwarePolicy({1: 10.0, 2: 8.0})
+def test_online_correction_and_plan_smoothing_rules():
+    assert corrected_confidences([0.3, 0.5], 2.0) == [0.6, 0.5]  # scaling c_1 scales every survival probability
+    assert corrected_confidences([0.8], 2.0) == [1.0] and corrected_confidences([0.3], None) == [0.3]
+    assert blend_survival(None, [0.5, 0.4], 0.5) == ([0.5, 0.2], [0.5, 0.4])  # nothing earlier: this round's
+    survival, confidences = blend_survival([0.5, 0.2], [0.1], 0.5)  # [0.1] continues as [0.1, 0.01]
+    assert survival == [pytest.approx(0.3), pytest.approx(0.105)]
+    assert confidences == [pytest.approx(0.3), pytest.approx(0.35)]
+
+
+def test_speed_model_prefers_measured_step_speeds():
+    policy = HardwareAwarePolicy({1: 10.0, 2: 8.0}).speed_model
     profiled = {1: 10.0, 2: 8.0, 3: 6.0}.get
     assert policy.measured_speed(4, 2, profiled) == 8.0  # nothing measured: the profile
     policy.record_step_seconds(0.2, rows=4, width=1)  # plain steps run at 5/s here, half the profiled 10/s

@@ -186,5 +186,7 @@ def test_probe_samples_while_its_width_reaches_past_the_slot():
     """A probe's Algorithm-1 width may jump past the next slot (equal speeds, float noise): the slot is verified, so
     it must be sampled (the engine used to stop there and verify drafts it had not sampled)."""
     engine = SimulatedBatchEngine([], KneeCost(), 4, make_policy("hardware_aware", SPS))
-    engine._probe_width = lambda confidences: 5
-    assert engine._slot_verified(1, 1, [[0.9, 0.9]])
+    policy = engine.policy  # the engine's form of the hardware-aware policy
+    policy.begin_round([[0.0] * 4], 4)  # confidences of 0 plan width 1: this round is a probe
+    policy._probe_width = lambda confidences: 5
+    assert policy.verified(1, [[0.9, 0.9]], [True]) == [True]

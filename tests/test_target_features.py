@@ -71,12 +71,9 @@ def test_context_is_complete_after_rounds_without_drafting():
         def __init__(self):
             self.rounds = 0
 
-        def should_draft(self):
+        def begin_round(self, stale_confidences, block_size):
             self.rounds += 1
             return self.rounds % 3 == 1
-
-        def should_verify(self, position, confidences):
-            return True
 
     target = make_target("llama", seed=3)
     drafter = make_drafter(target, block_size=3, target_layer_ids=[0, 2])

@@ -32,6 +32,11 @@ __all__ = [
     "verification_capacity",
     "plan_is_settled",
     "expected_tokens_by_width",
+    "plan_verification_width",
+    "expected_accepted_drafts",
+    "acceptance_ratio",
+    "corrected_confidences",
+    "blend_survival",
     "top_k_verification_lengths",
     "schedule_verification_lengths_async",
 ]
@@ -191,6 +196,95 @@ def expected_tokens_by_width(confidences: Sequence[Sequence[float]], max_width: 
             survival[row] *= values[width - 2] if width - 2 < len(values) else 0.0
             expected += survival[row]
         yield width, expected
+
+
+def plan_verification_width(
+    stale_confidences: Sequence[Sequence[float]],
+    speed,
+    max_width: int,
+    draft_seconds: float = 0.0,
+    early_stop: bool = False,
+) -> int:
+    """The production scheduler (docs/design.md, "Production scheduler") for a padded batch: the verification width (1 +
+    drafts per row) that maximizes ``(R + Σ_r Σ_{j < width} a_stale_rj) · speed(width)``, by global search over every
+    width.
+
+    The search sees the whole jagged speed curve (a CPU's 2-3x cliff between 1 and 2 tokens defeats the early-stopping
+    Algorithm 1), and stays lossless because it reads only stale confidences (earlier rounds), never this round's
+    drafts. With padding, every row verifies up to the same width at no extra cost. A width above 1 also pays
+    `draft_seconds` (the drafting pass over all rows) per step; width 1 is plain decoding without drafting.
+
+    With `early_stop=True` it is Algorithm 1 over widths instead: it stops at the first width that does not improve,
+    so it may read *this* round's confidences (slot k's inclusion depends on c_1..c_k of every row only); the engine's
+    probe rounds use it, whose drafts exist already.
+
+    Args:
+        stale_confidences: per-row calibrated confidences (rows may differ in length; missing slots count as 0).
+        speed (`Callable[[int], float | None]`): steps per second of a forward of a given width; `None` past the
+            profiled sizes.
+        max_width (`int`): the widest plan allowed (block size + 1).
+        draft_seconds (`float`): drafting time of a step with drafts.
+    """
+    by_width = expected_tokens_by_width(stale_confidences, max_width)
+    _, expected = next(by_width)
+    best_width, best = 1, expected * (speed(1) or 0.0)
+    for width, expected in by_width:
+        rate = speed(width)
+        value = None if rate is None else drafted_step_throughput(expected, rate, draft_seconds)
+        if value is not None and value > best:
+            best_width, best = width, value
+        elif early_stop:
+            break  # Algorithm 1: never look past the first width that does not improve
+    return best_width
+
+
+def expected_accepted_drafts(confidences: Sequence[float], verified: int) -> float:
+    """``Σ_{j<=ℓ} a_j``: the drafts a row verifying its first `verified` is expected to have accepted."""
+    return sum(prefix_survival_probabilities([list(confidences[:verified])])[0])
+
+
+def acceptance_ratio(accepted: float, predicted: float, prior: float) -> float:
+    """Accepted drafts per predicted one, with `prior` pseudo-drafts on each side (1 before any round)."""
+    return (accepted + prior) / (predicted + prior)
+
+
+def corrected_confidences(confidences: Sequence[float], ratio: float | None) -> list[float]:
+    """Confidences whose every survival probability is scaled by `ratio` (``c_1 ← min(1, ratio · c_1)`` scales every
+    ``a_j``); `None` leaves them as they are."""
+    values = [float(c) for c in confidences]
+    if values and ratio is not None:
+        values[0] = min(1.0, values[0] * ratio)
+    return values
+
+
+def blend_survival(
+    previous: list[float] | None, confidences: Sequence[float], weight: float
+) -> tuple[list[float], list[float]]:
+    """Plan smoothing: the running average ``w · S + (1 - w) · a`` of survival probabilities, with ``S`` = `previous`
+    (`None`: none yet) and ``a`` this round's survival. Rows of different length are continued at their last
+    slot's confidence.
+
+    Returns:
+        `(blended survival, the per-slot confidences that give it)`.
+    """
+    survival = prefix_survival_probabilities([list(confidences)])[0]
+    if previous is None:
+        blended = survival
+    else:
+        length = max(len(survival), len(previous))
+        blended = [weight * old + (1.0 - weight) * new
+                   for old, new in zip(_continued(previous, length), _continued(survival, length))]
+    # c_1 = a_1, c_j = a_j / a_{j-1} (0 once survival is 0)
+    return blended, [blended[0]] + [b / a if a > 0 else 0.0 for a, b in zip(blended, blended[1:])]
+
+
+def _continued(survival: list[float], length: int) -> list[float]:
+    """`survival` extended to `length` slots, each further slot keeping the last slot's confidence."""
+    survival = list(survival)
+    last = survival[-1] / survival[-2] if len(survival) > 1 and survival[-2] > 0 else survival[-1]
+    while len(survival) < length:
+        survival.append(survival[-1] * last)
+    return survival
 
 
 def _candidates_by_survival(survival: list[list[float]]) -> list[tuple[int, int, float]]:

@@ -1,9 +1,10 @@
 """Batched, load-aware DSpark speculative decoding.
 
 transformers' assisted loop runs one sequence at a time. `DSparkBatchEngine` runs many: each request drafts its own
-block, a verification-length policy (the hardware-aware scheduler of Algorithm 1 under load) picks per-request lengths
-from all requests' confidences, the target verifies every row in one forward, and each row accepts its own number
-of tokens. Requests may join between rounds (simple continuous batching) and leave when done.
+block, a verification-length policy picks per-request lengths from all requests' confidences (the hardware-aware
+policy runs as `PlannedWidthPolicy`: one verification width for all rows), the target verifies every row in one
+forward, and each row accepts its own number of tokens. Requests may join between rounds (simple continuous batching)
+and leave when done.
 
 Rows share one slot axis in both KV caches (target and drafter): a verification appends ``1 + max_r ℓ_r`` slots to
 every row, and `slot_mask` marks which hold committed tokens. Rejected drafts and padding stay behind as masked holes;
@@ -13,7 +14,6 @@ same checkpoints in vLLM (`speculative_config={"method": "dspark", ...}`) or SGL
 
 from __future__ import annotations
 
-import bisect
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -22,59 +22,15 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from ..modeling_dspark import DSparkDrafter
-from ..scheduling import drafted_step_throughput, expected_tokens_by_width, plan_is_settled
 from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
-from .drafting import DraftedBlock, SlotRule, block_inputs, pick_tokens, sample_drafts, verify
-from .policies import HardwareAwarePolicy, PolicySlots, VerificationPolicy, resolve_policy
+from .drafting import DraftedBlock, block_inputs, pick_tokens, sample_drafts, verify
+from .policies import VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
+from .verification_policy import RoundOutcome
 
 
 COMPACT_MIN_SLOTS = 8  # never compact the caches for fewer reclaimable slots than this
-
-
-def plan_verification_width(
-    stale_confidences: list[list[float]],
-    speed: Callable[[int], float | None],
-    max_width: int,
-    draft_seconds: float = 0.0,
-    early_stop: bool = False,
-) -> int:
-    """The production scheduler (docs/design.md, "Production scheduler") for a padded batch: the verification width (1 +
-    drafts per row) that maximizes ``(R + Σ_r Σ_{j < width} a_stale_rj) · speed(width)``, by global search over every
-    width.
-
-    The search sees the whole jagged speed curve (a CPU's 2-3x cliff between 1 and 2 tokens defeats the early-stopping
-    Algorithm 1), and stays lossless because it reads only stale confidences (earlier rounds), never this round's
-    drafts. With padding, every row verifies up to the same width at no extra cost. A width above 1 also pays
-    `draft_seconds` (the drafting pass over all rows) per step; width 1 is plain decoding without drafting.
-
-    With `early_stop=True` it is Algorithm 1 over widths instead: it stops at the first width that does not improve,
-    so it may read *this* round's confidences (slot k's inclusion depends on c_1..c_k of every row only); the engine
-    uses it for probe rounds, whose drafts exist already.
-    """
-    by_width = expected_tokens_by_width(stale_confidences, max_width)
-    _, expected = next(by_width)
-    best_width, best = 1, expected * (speed(1) or 0.0)
-    for width, expected in by_width:
-        rate = speed(width)
-        value = None if rate is None else drafted_step_throughput(expected, rate, draft_seconds)
-        if value is not None and value > best:
-            best_width, best = width, value
-        elif early_stop:
-            break
-    return best_width
-
-
-def batch_speed_table(by_rows: Mapping[int, Mapping[int, float]], rows: int) -> Callable[[int], float | None]:
-    """`speed(tokens_per_row)` for `rows` rows from a profile's ``{rows: {tokens_per_row: steps/s}}`` tables, using
-    the smallest profiled row count >= `rows` (a conservative estimate); `None` past the profiled sizes."""
-    profiled = sorted(int(r) for r in by_rows)
-    index = bisect.bisect_left(profiled, rows)
-    if index == len(profiled):
-        return lambda width: None
-    table = {int(k): float(v) for k, v in by_rows[profiled[index]].items()}
-    return table.get
 
 
 @dataclass
@@ -96,21 +52,6 @@ class DSparkRequest:
         return self.prompt_ids + self.output_ids
 
 
-class _PlannedWidthSlots(SlotRule):
-    """The hardware-aware engine's slots: those below the planned width (in a probe, while Algorithm 1 on this round's
-    confidences extends it), sampled further only while the next round's plan could still change."""
-
-    def __init__(self, engine: "DSparkBatchEngine", width: int):
-        self.engine, self.width = engine, width
-
-    def verified(self, slot: int, confidences: list[list[float]], candidates: list[bool]) -> list[bool]:
-        verified = self.engine._slot_verified(slot, self.width, confidences)
-        return [candidate and verified for candidate in candidates]
-
-    def settled(self, confidences: list[list[float]]) -> bool:
-        return self.engine._plan_settled(confidences)
-
-
 class DSparkBatchEngine:
     """Runs many requests through one target and (optionally) one DSpark drafter.
 
@@ -118,8 +59,8 @@ class DSparkBatchEngine:
         target ([`PreTrainedModel`]): decoder-only target.
         drafter ([`DSparkDrafter`], *optional*): `None` runs plain batched decoding (the target-only baseline).
         policy (`str` or [`VerificationPolicy`], *optional*): verification lengths; defaults to the drafter's
-            `verification_policy` (see `resolve_policy`).
-            A `HardwareAwarePolicy` schedules all rows jointly with `schedule_verification_lengths`.
+            `verification_policy` (see `resolve_policy`). The engine runs its `for_engine()` form (a
+            `HardwareAwarePolicy` plans one width for all rows, [`PlannedWidthPolicy`]).
         do_sample (`bool`): speculative sampling instead of greedy matching.
         logits_processor ([`LogitsProcessorList`], *optional*): applied per row to target and draft logits alike.
         eos_token_id (`int` or `list[int]`, *optional*): ends a request.
@@ -153,12 +94,10 @@ class DSparkBatchEngine:
         pad_token_id: int = 0,
         steps_per_second_by_rows: Mapping[int, Mapping[int, float]] | None = None,
     ):
-        self.steps_per_second_by_rows = steps_per_second_by_rows
         self.policy: VerificationPolicy | None = None
         if drafter is not None:
             drafter.check_target(target)
-            self.policy = resolve_policy(drafter, target, policy)
-            self.policy.reset()
+            self._use_policy(resolve_policy(drafter, target, policy), steps_per_second_by_rows)
             if self.policy.requires_confidence and drafter.confidence_head is None:
                 raise ValueError(f"The {self.policy.name!r} policy needs a drafter with a confidence head.")
         self.target, self.drafter = target, drafter
@@ -173,6 +112,11 @@ class DSparkBatchEngine:
         self.finished: list[DSparkRequest] = []
         self._next_id = 0
         self._reset_batch_state()
+
+    def _use_policy(self, policy: VerificationPolicy, steps_per_second_by_rows) -> None:
+        """Runs the engine form of `policy` (`VerificationPolicy.for_engine`), reset for this engine's requests."""
+        self.policy = policy.for_engine(steps_per_second_by_rows)
+        self.policy.reset()
 
     # --- public API ---------------------------------------------------------------------------------------------
 
@@ -320,20 +264,16 @@ class DSparkBatchEngine:
 
     def _round(self) -> list[DSparkRequest]:
         budgets = [r.max_new_tokens - len(r.output_ids) - 1 for r in self.active]  # drafts that still fit
-        rows = len(self.active)
-        width = self._planned_width() if isinstance(self.policy, HardwareAwarePolicy) else None
-        if self.drafter is None or (width is not None and not self.policy.draft_this_round(width == 1)):
-            lengths, draft = [0] * rows, None  # plain decoding: no drafter pass this round
-        else:
+        rows, draft, draft_seconds = len(self.active), None, None
+        if self.drafter is not None and self.policy.begin_round([r.last_confidences for r in self.active],
+                                                                self.drafter.config.block_size):
             start = self.clock()
-            draft = self._draft(budgets, width)
-            if width is not None:
-                self.policy.record_draft_seconds(self.clock() - start, rows)
-            lengths = draft.lengths
-            whole_block = all(len(values) == self.drafter.config.block_size for values in draft.confidences)
-            if whole_block or (width is not None and draft.observed):  # the confidences settle the next plan
+            draft = self._draft(budgets)
+            draft_seconds = self.clock() - start
+            if draft.observed:  # the confidences the policy plans the rows' next round from
                 for request, values in zip(self.active, draft.confidences):
                     request.last_confidences = values
+        lengths = draft.lengths if draft is not None else [0] * rows  # no drafter pass: plain decoding
         longest = max(lengths)
         step_start = self.clock()
         verify_ids = self.anchor[:, None].clone()
@@ -350,26 +290,26 @@ class DSparkBatchEngine:
         for row, request in enumerate(self.active):
             committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits, draft)
             accepted.append(num_accepted)
-            if draft is not None and lengths[row] > 0:
-                self.policy.record_outcome(draft.confidences[row], lengths[row], num_accepted)
-            if draft is not None:
-                request.stats.rounds.append(DSparkRoundStats(
-                    draft.confidences[row][: lengths[row] + 1], lengths[row], num_accepted,
-                    draft_ids=draft.ids[row, : lengths[row]].tolist()))
-            elif self.drafter is not None:
-                request.stats.rounds.append(DSparkRoundStats([], 0, 0, drafted=False))
+            self._record_round(request, row, lengths[row], num_accepted, draft)
         self._advance(accepted, longest, features, positions)
-        if isinstance(self.policy, HardwareAwarePolicy):
-            self.policy.record_step_seconds(self.clock() - step_start, rows, longest + 1)
+        if self.policy is not None:
+            confidences = draft.confidences if draft is not None else [[] for _ in range(rows)]
+            self.policy.end_round(RoundOutcome(confidences, lengths, accepted, drafted=draft is not None,
+                                               observed=draft is not None and draft.observed,
+                                               draft_seconds=draft_seconds, step_seconds=self.clock() - step_start))
         return self._commit_and_retire(committed)
 
-    def _draft(self, budgets: list[int], width: int | None = None) -> DraftedBlock:
-        """One drafter forward for every row, then the shared left-to-right sampling with the Markov bias
-        (`drafting.sample_drafts`), each row verifying at most its budget.
+    def _record_round(self, request: DSparkRequest, row: int, length: int, accepted: int, draft) -> None:
+        """Appends a row's round to its request's statistics (none for target-only decoding)."""
+        if draft is not None:
+            request.stats.rounds.append(DSparkRoundStats(draft.confidences[row][: length + 1], length, accepted,
+                                                         draft_ids=draft.ids[row, :length].tolist()))
+        elif self.drafter is not None:
+            request.stats.rounds.append(DSparkRoundStats([], 0, 0, drafted=False))
 
-        With the hardware-aware policy (`width` planned, 1 for a probe) a slot is sampled only while it is verified
-        or its token is needed to observe a confidence that could still change the next plan; other policies are
-        asked slot by slot and row by row, as at batch 1."""
+    def _draft(self, budgets: list[int]) -> DraftedBlock:
+        """One drafter forward for every row, then the shared left-to-right sampling with the Markov bias
+        (`drafting.sample_drafts`), each row verifying at most its budget and the policy deciding slot by slot."""
         config, rows = self.drafter.config, len(self.active)
         block_ids, positions = block_inputs(self.anchor, self.next_position, config.block_size, config.mask_token_id)
         attention = torch.cat([self.slot_mask, self.slot_mask.new_ones(rows, config.block_size)], dim=1)
@@ -379,14 +319,8 @@ class DSparkBatchEngine:
                            attention_mask=attention.to(device), compute_logits=False)
         hidden = out.last_hidden_state
         return sample_drafts(self.drafter, hidden, self.drafter.draft_logits(hidden), self.anchor, budgets,
-                             self._slot_rule(width), num_slots=max(0, min(config.block_size, max(budgets))),
+                             self.policy, num_slots=self.policy.num_slots(config.block_size, budgets),
                              process=self._draft_processor(), do_sample=self.do_sample)  # fmt: skip
-
-    def _slot_rule(self, width: int | None) -> SlotRule:
-        """Which slots each row verifies: below the planned `width` (hardware-aware), else the policy's say."""
-        if width is None:
-            return PolicySlots(self.policy, self.drafter.config.block_size)
-        return _PlannedWidthSlots(self, width)
 
     def _draft_processor(self):
         """The logits processors for drafts, each row's committed tokens first (`None` without processors)."""
@@ -394,49 +328,6 @@ class DSparkBatchEngine:
             return None
         sequences = [r.sequence for r in self.active]
         return lambda drafts, logits: self._process([s + d for s, d in zip(sequences, drafts.tolist())], logits)
-
-    def _plan_settled(self, confidences: list[list[float]]) -> bool:
-        """Whether more slots of this round could change the width planned from it for the next round."""
-        rows = len(confidences)
-        return plan_is_settled([self.policy.corrected(c) for c in confidences], self._speed(rows),
-                               self.drafter.config.block_size + 1, draft_seconds=self.policy.drafting_cost(rows))
-
-    def _slot_verified(self, slot: int, width: int, confidences: list[list[float]]) -> bool:
-        """Whether `slot`'s drafts will be verified: below the planned width, or, in a probe (`width == 1`), while
-        Algorithm 1 on this round's confidences still extends the width."""
-        if width == 1:  # `>=`: on a flat curve float noise can make the probe width jump past the next slot
-            return self._probe_width(confidences) >= slot + 2
-        return slot < width - 1
-
-    def _probe_width(self, confidences: list[list[float]]) -> int:
-        """A probe's width: Algorithm 1 over widths on this round's (corrected) confidences; its drafting is paid."""
-        return plan_verification_width([self.policy.corrected(c) for c in confidences], self._speed(len(confidences)),
-                                       self.drafter.config.block_size + 1, early_stop=True)
-
-    def _planned_width(self) -> int:
-        """Hardware-aware width for this round from the rows' stale confidences and the drafting cost (docs/design.md,
-        "Production scheduler")."""
-        rows = len(self.active)
-        prior = self._prior_confidences() if any(not r.last_confidences for r in self.active) else None
-        stale = [self.policy.corrected(r.last_confidences or prior) for r in self.active]
-        return plan_verification_width(stale, self._speed(rows), self.drafter.config.block_size + 1,
-                                       draft_seconds=self.policy.drafting_cost(rows))
-
-    def _speed(self, rows: int) -> Callable[[int], float | None]:
-        """Steps per second by width for `rows` rows: measured on this engine where it has run that size, else the
-        profile (rescaled by the measured plain-decoding speed; see `HardwareAwarePolicy.measured_speed`)."""
-        if self.steps_per_second_by_rows is not None:
-            profiled = batch_speed_table(self.steps_per_second_by_rows, rows)
-        else:
-            profiled = lambda width: self.policy.steps_per_second(rows * width)  # noqa: E731
-        return lambda width: self.policy.measured_speed(rows, width, profiled)
-
-    def _prior_confidences(self) -> list[float]:
-        """Per-slot mean of the latest confidences of rows that have drafted: the plan for a row's first round."""
-        seen = [r.last_confidences for r in self.active if r.last_confidences]
-        if not seen:
-            return [0.5] * self.drafter.config.block_size
-        return [sum(values) / len(values) for values in zip(*seen)]
 
     def _verify_row(self, request, row, length, verify_ids, logits, draft) -> tuple[list[int], int]:
         """Greedy matching or speculative sampling (`drafting.verify`) for one row; returns (committed tokens, accepted

@@ -5,11 +5,12 @@ Each round (docs/design.md, "Forward pass"):
    forward that just ran, and append their context K/V to the drafter's cache;
 2. run the drafter once on ``[anchor, mask × (B-1)]``;
 3. sample drafts left to right with the Markov bias, asking the verification policy before each slot (the shared
-   `drafting.sample_drafts`, which the batched engine and the custom_generate recipe run too);
+   `drafting.sample_drafts`, which the batched engine and the custom_generate recipe run too), and tell the policy
+   the round's outcome once transformers has verified it (`VerificationPolicy.end_round`);
 4. return the drafts and their Markov-corrected, processor-applied logits, so that transformers' own speculative
    sampling (or greedy matching) verifies exactly the distribution the drafts were drawn from.
 
-A policy may skip the drafter for a round (`VerificationPolicy.should_draft`): the target then decodes one token and
+A policy may skip the drafter for a round (`VerificationPolicy.begin_round`): the target then decodes one token and
 the new target features wait in a buffer until the next drafted round appends them to the drafter's context.
 """
 
@@ -24,8 +25,9 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..modeling_dspark import DSparkDrafter
 from .drafting import DraftedBlock, block_inputs, sample_drafts
-from .policies import PolicySlots, VerificationPolicy, resolve_policy
+from .policies import VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
+from .verification_policy import RoundOutcome
 
 
 class DSparkCandidateGenerator(CandidateGenerator):
@@ -59,7 +61,6 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.drafter = drafter
         self.config = drafter.config
         self.policy = resolve_policy(drafter, target, policy)
-        self.slots = PolicySlots(self.policy, self.config.block_size)
         if self.policy.requires_confidence and drafter.confidence_head is None:
             raise ValueError(
                 f"The {self.policy.name!r} verification policy needs confidences, but this drafter has no confidence "
@@ -77,6 +78,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.policy.reset()
         self.stats = DSparkGenerationStats(block_size=self.config.block_size)
         self._pending_round: DSparkRoundStats | None = None
+        self._pending_outcome: RoundOutcome | None = None
+        self._observed: list[float] | None = None  # the confidences of the last observed round
         drafter.generation_stats = self.stats
 
     @property
@@ -97,17 +100,21 @@ class DSparkCandidateGenerator(CandidateGenerator):
         # The first call precedes the target's prefill: nothing to draft from yet, so the target decodes one token.
         if is_first_iteration:
             return input_ids, None
-        if not self.policy.should_draft():
+        if not self.policy.begin_round([self._observed], self.config.block_size):
             self._defer_features(input_ids, model_outputs)
             self._pending_round = DSparkRoundStats(confidences=[], verified=0, drafted=False)
+            self._pending_outcome = RoundOutcome([[]], [0], [0], drafted=False)
             return input_ids, None
         start = time.perf_counter()
         block = self._draft(input_ids, model_outputs)
-        self.policy.record_draft_seconds(time.perf_counter() - start)
         length = block.lengths[0]
         draft_ids = block.ids[0, :length].tolist()
         self._pending_round = DSparkRoundStats(confidences=block.confidences[0], verified=length,
                                                confidence_logits=block.confidence_logits[0], draft_ids=draft_ids)
+        self._pending_outcome = RoundOutcome(block.confidences, [length], [0], observed=block.observed,
+                                             draft_seconds=time.perf_counter() - start)  # fmt: skip
+        if block.observed:
+            self._observed = block.confidences[0]
         if not length:
             return input_ids, None
         candidates = block.ids[:, :length].to(device=input_ids.device, dtype=input_ids.dtype)
@@ -116,17 +123,16 @@ class DSparkCandidateGenerator(CandidateGenerator):
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         if self._pending_round is not None:
             self._pending_round.accepted = int(num_matches)
-            if self._pending_round.drafted:
-                self.policy.record_outcome(self._pending_round.confidences, self._pending_round.verified,
-                                           int(num_matches))
+            self._pending_outcome.accepted = [int(num_matches)]
+            self.policy.end_round(self._pending_outcome)
             self.stats.rounds.append(self._pending_round)
-            self._pending_round = None
+            self._pending_round = self._pending_outcome = None
 
     def _draft(self, input_ids: torch.LongTensor, model_outputs: Any) -> DraftedBlock:
-        """Drafts this round's block with the shared left-to-right sampling, asking the policy before each slot
-        (`PolicySlots`). A policy that plans from earlier rounds (`observes_rounds`) gets all `block_size` confidences
-        afterwards: the slots past the cut are still sampled to compute them, but never verified, and only as far as
-        the policy's plan could still change (`observation_complete`)."""
+        """Drafts this round's block with the shared left-to-right sampling, asking the policy before each slot. A
+        policy that plans from whole rounds looks at more slots than it verifies (`num_slots`): the slots past the cut
+        are still sampled to compute their confidences, but never verified, and only as far as the policy's plan
+        could still change (`settled`)."""
         hidden_states = self._run_drafter(input_ids, model_outputs)
         max_drafts = min(self.config.block_size, self.max_length - input_ids.shape[1] - 1)
 
@@ -134,12 +140,10 @@ class DSparkCandidateGenerator(CandidateGenerator):
             sequence = torch.cat([input_ids, drafts.to(input_ids.device)], dim=-1)
             return self.logits_processor(sequence, logits.to(input_ids.device))
 
-        block = sample_drafts(self.drafter, hidden_states, self.drafter.draft_logits(hidden_states), input_ids[:, -1],
-                              [max_drafts], self.slots, num_slots=self.slots.num_slots(max_drafts), process=process,
-                              do_sample=self.do_sample)  # fmt: skip
-        if self.policy.observes_rounds and block.observed:
-            self.policy.observe(block.confidences[0])
-        return block
+        num_slots = self.policy.num_slots(self.config.block_size, [max_drafts])
+        return sample_drafts(self.drafter, hidden_states, self.drafter.draft_logits(hidden_states), input_ids[:, -1],
+                             [max_drafts], self.policy, num_slots=num_slots, process=process,
+                             do_sample=self.do_sample)  # fmt: skip
 
     def _run_drafter(self, input_ids: torch.LongTensor, model_outputs: Any) -> torch.Tensor:
         """Feeds the newly committed positions' target features to the drafter and runs the block forward.

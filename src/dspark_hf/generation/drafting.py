@@ -3,7 +3,8 @@
 Batch 1 (`DSparkCandidateGenerator`, inside transformers' assisted loop), the batched engine (`DSparkBatchEngine`)
 and the standalone ``custom_generate`` recipe each run the drafter's block forward their own way (their caches
 differ), then hand its output to [`sample_drafts`]: drafts sampled left to right with the Markov bias, confidences,
-and the verification lengths a [`SlotRule`] decides slot by slot (docs/design.md, "Drafting and verification").
+and the verification lengths a policy decides slot by slot (the interface of `dspark_hf.generation.verification_policy`;
+docs/design.md, "Drafting and verification").
 The batched engine and the recipe verify with [`verify`]; batch 1 leaves verification to transformers' loop.
 
 A drafter here is anything with [`DSparkDrafter`]'s three per-slot methods: `confidence_logits`,
@@ -35,8 +36,8 @@ class DraftedBlock:
             without a confidence head).
         confidence_logits (`list[list[float]]`): the raw logits behind `confidences`.
         lengths (`list[int]`): drafts each row verifies.
-        observed (`bool`): the rule judged the computed confidences complete for what it learns from the round
-            ([`SlotRule.settled`]).
+        observed (`bool`): the policy judged the computed confidences complete for what it learns from the round
+            (its `settled`).
     """
 
     ids: torch.LongTensor
@@ -47,35 +48,17 @@ class DraftedBlock:
     observed: bool = False
 
 
-class SlotRule:
-    """Which rows verify each slot, asked left to right before the slot is sampled. This base rule verifies every slot
-    within the rows' budgets (the full block) and observes nothing.
-
-    Rules are non-anticipating (docs/design.md, "Scheduler: Algorithm 1"): whether slot `k` (0-based) is verified may
-    read c_1..c_{k+1}, which read the drafts before slot `k` only, never the draft of slot `k` itself.
-    """
-
-    def verified(self, slot: int, confidences: list[list[float]], candidates: list[bool]) -> list[bool]:
-        """Per row, whether it verifies `slot`, given every row's c_1..c_{slot+1}; `candidates` are the rows still
-        verifying and within budget (a row that stops verifying never verifies again)."""
-        return candidates
-
-    def settled(self, confidences: list[list[float]]) -> bool:
-        """Whether more slots could change what the caller learns from this round's confidences; sampling continues
-        past the verified slots until it is `True`."""
-        return True
-
-
 class SlotSchedule:
-    """Applies a [`SlotRule`] slot by slot: the rows still verifying, and the drafts each verifies.
+    """Applies a verification policy slot by slot: the rows still verifying, and the drafts each verifies.
 
     Args:
-        rule ([`SlotRule`]): the verification rule.
+        policy ([`VerificationPolicy`], *optional*): anything with the policy interface's `verified` and `settled`
+            (`dspark_hf.generation.verification_policy`); `None` verifies every slot within the budgets.
         budgets (`Sequence[int]`): the most drafts each row may verify (its length budget).
     """
 
-    def __init__(self, rule: SlotRule, budgets: Sequence[int]):
-        self.rule, self.budgets = rule, list(budgets)
+    def __init__(self, policy, budgets: Sequence[int]):
+        self.policy, self.budgets = policy, list(budgets)
         self.verifying = [budget > 0 for budget in self.budgets]
         self.lengths = [0] * len(self.budgets)
         self.num_looked_at = 0  # slots whose confidences were computed
@@ -85,16 +68,23 @@ class SlotSchedule:
         """Called once every row's c_{slot+1} is known: whether to sample `slot` (`False` ends the block)."""
         self.num_looked_at += 1
         candidates = [verifying and slot < budget for verifying, budget in zip(self.verifying, self.budgets)]
-        self.verifying = self.rule.verified(slot, confidences, candidates) if any(candidates) else candidates
-        if not any(self.verifying) and self.rule.settled(confidences):
+        if self.policy is None or not any(candidates):
+            self.verifying = candidates
+        else:
+            self.verifying = self.policy.verified(slot, confidences, candidates)
+        if not any(self.verifying) and self.settled(confidences):
             return False
         self.lengths = [length + verifying for length, verifying in zip(self.lengths, self.verifying)]
         self.num_sampled += 1
         return True
 
+    def settled(self, confidences: list[list[float]]) -> bool:
+        """Whether the policy has learned all it can from the confidences computed so far."""
+        return self.policy is None or self.policy.settled(confidences)
+
     def observed(self, confidences: list[list[float]]) -> bool:
-        """Whether the rule judges the confidences computed so far complete (never before the first slot)."""
-        return self.num_looked_at > 0 and self.rule.settled(confidences)
+        """Whether the policy judges the confidences computed so far complete (never before the first slot)."""
+        return self.num_looked_at > 0 and self.settled(confidences)
 
 
 def block_inputs(
@@ -128,7 +118,7 @@ def sample_drafts(
     draft_logits: torch.Tensor,
     anchor_ids: torch.LongTensor,
     budgets: Sequence[int],
-    rule: SlotRule | None = None,
+    policy=None,
     *,
     num_slots: int | None = None,
     process: Callable[[torch.LongTensor, torch.Tensor], torch.Tensor] | None = None,
@@ -137,8 +127,8 @@ def sample_drafts(
     """Samples a block's drafts left to right for every row: ``z_k = U_k + bias(x_{k-1})``, processors, then argmax or
     a sample (docs/design.md, "Markov head and drafting").
 
-    Before slot `k` is sampled, every row's confidence c_{k+1} (which reads x_{k-1} only) is computed and `rule`
-    decides which rows verify the slot; when none does and the rule has observed enough, the block ends.
+    Before slot `k` is sampled, every row's confidence c_{k+1} (which reads x_{k-1} only) is computed and `policy`
+    decides which rows verify the slot; when none does and the policy has observed enough, the block ends.
 
     Args:
         drafter: a [`DSparkDrafter`] (or the recipe's standalone drafter).
@@ -146,7 +136,8 @@ def sample_drafts(
         draft_logits (`torch.Tensor` of shape `(rows, block, draft_vocab)`): their base logits ``U_k``.
         anchor_ids (`torch.LongTensor` of shape `(rows,)`): each row's anchor, the "previous token" of slot 0.
         budgets (`Sequence[int]`): the most drafts each row may verify.
-        rule ([`SlotRule`], *optional*): defaults to the full block.
+        policy ([`VerificationPolicy`], *optional*): which rows verify each slot (`verified`, `settled`); defaults to
+            the full block within the budgets.
         num_slots (`int`, *optional*): the most slots to look at (defaults to the whole block).
         process (`Callable`, *optional*): the logits processors, called with the drafts so far `(rows, k)` and the
             slot's corrected logits `(rows, vocab)` (the caller prepends each row's committed tokens).
@@ -156,7 +147,7 @@ def sample_drafts(
         [`DraftedBlock`].
     """
     rows, block_size = hidden_states.shape[:2]
-    schedule = SlotSchedule(rule or SlotRule(), budgets)
+    schedule = SlotSchedule(policy, budgets)
     previous, state = anchor_ids.to(hidden_states.device), None
     confidences, raw = [[] for _ in range(rows)], [[] for _ in range(rows)]
     tokens, logits = [], []

@@ -1,10 +1,10 @@
 """Replaying verification policies on a trace: batch 1 through the assisted loop's protocol, many requests through
 the batched engine's own scheduling code, with every second taken from a cost model.
 
-- [`replay_generation`] drives a policy exactly as `DSparkCandidateGenerator` and transformers' assisted loop do
-  (`reset`, `should_draft`, `should_verify` slot by slot, `observation_complete` / `observe`,
-  `record_draft_seconds`, `record_outcome`), with the trace's confidences and acceptance lengths in place of the
-  models. For a greedy target the rounds are exactly the live ones (`tests/test_simulate.py`).
+- [`replay_generation`] drives a policy exactly as `DSparkCandidateGenerator` and transformers' assisted loop do,
+  through the policy interface (`reset`, `begin_round`, `num_slots`, `verified` and `settled` slot by slot through
+  the drafting loop's `SlotSchedule`, `end_round`), with the trace's confidences and acceptance lengths in place of
+  the models. For a greedy target the rounds are exactly the live ones (`tests/test_simulate.py`).
 - [`SimulatedBatchEngine`] is a `DSparkBatchEngine` whose model calls are replaced: admission, drafting, the target
   forward and verification read the trace and advance a simulated clock by the cost model. Everything that decides
   (width planning, probes, backoff, online corrections from measured step and drafting times, admission into
@@ -21,7 +21,8 @@ import torch
 
 from ..generation.batched import DSparkBatchEngine, DSparkRequest
 from ..generation.drafting import DraftedBlock, SlotSchedule
-from ..generation.policies import PolicySlots, VerificationPolicy, get_policy
+from ..generation.policies import VerificationPolicy, get_policy
+from ..generation.verification_policy import RoundOutcome
 from .cost import CostModel
 from .trace import TraceSequence
 
@@ -51,21 +52,20 @@ class SimulatedGeneration:
         return (sum(r.accepted for r in self.rounds) + len(self.rounds)) / len(self.rounds) if self.rounds else 1.0
 
 
-def _observe_and_choose(
-    policy: VerificationPolicy, confidences: Sequence[float], max_drafts: int, block_size: int
-) -> tuple[list[float], int, int]:
-    """The candidate generator's slot loop on known confidences: returns the confidences it computed, the drafts it
-    verifies and the slots it sampled (`DSparkCandidateGenerator._draft`, through the same `SlotSchedule`)."""
-    rule = PolicySlots(policy, block_size)
-    schedule, seen = SlotSchedule(rule, [max_drafts]), []
-    for slot in range(rule.num_slots(max_drafts)):
-        if confidences:
-            seen.append(confidences[slot])
-        if not schedule.admit(slot, [seen]):
+def _choose(
+    policy: VerificationPolicy, confidences: Sequence[Sequence[float]], budgets: list[int], block_size: int
+) -> tuple[list[list[float]], SlotSchedule]:
+    """The drafting loop (`drafting.sample_drafts`) on known confidences, one row per entry of `confidences` (empty
+    rows for a drafter without confidence head): the confidences it computed, and its schedule (drafts verified,
+    slots sampled, whether the policy observed the round), through the same `SlotSchedule`."""
+    schedule, seen = SlotSchedule(policy, budgets), [[] for _ in confidences]
+    for slot in range(min(block_size, policy.num_slots(block_size, budgets))):
+        for row, values in zip(seen, confidences):
+            if values:
+                row.append(values[slot])
+        if not schedule.admit(slot, seen):
             break
-    if policy.observes_rounds and schedule.observed([seen]):
-        policy.observe(seen)
-    return seen, schedule.lengths[0], schedule.num_sampled
+    return seen, schedule
 
 
 def replay_generation(
@@ -84,20 +84,21 @@ def replay_generation(
         run.seconds += (len(output) - 1) * cost.verify_seconds(1, 1)
         return run
     policy.reset()
-    committed = 1  # the prefill commits the first token; rounds start after it
+    committed, observed = 1, None  # the prefill commits the first token; rounds start after it
     while committed < len(output):
-        if not policy.should_draft():
+        if not policy.begin_round([observed], block_size):
             step = cost.verify_seconds(1, 1)
             run.rounds.append(SimulatedRound(0, 0, 0, False, step))
+            policy.end_round(RoundOutcome([[]], [0], [0], drafted=False))
             committed += 1
             continue
         max_drafts = min(block_size, max_new_tokens - committed - 1)
-        seen, verified, slots = _observe_and_choose(policy, sequence.confidences[committed - 1], max_drafts,
-                                                    block_size)
+        seen, schedule = _choose(policy, [sequence.confidences[committed - 1]], [max_drafts], block_size)
+        verified, slots, settled = schedule.lengths[0], schedule.num_sampled, schedule.observed(seen)
         draft = cost.drafting_seconds(1, slots)
-        policy.record_draft_seconds(draft)
         accepted = min(sequence.accepted(committed, verified), len(output) - committed - 1)
-        policy.record_outcome(seen, verified, accepted)
+        policy.end_round(RoundOutcome(seen, [verified], [accepted], observed=settled, draft_seconds=draft))
+        observed = seen[0] if settled else observed
         run.rounds.append(SimulatedRound(verified, accepted, slots, True, draft + cost.verify_seconds(1, 1 + verified)))
         committed += accepted + 1
     run.seconds += sum(r.seconds for r in run.rounds)
@@ -146,12 +147,10 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         self.clock = SimulatedClock()
         self.cost = cost
         self.by_prompt = {tuple(s.prompt_ids): s for s in sequences}
-        self.steps_per_second_by_rows = steps_per_second_by_rows
         self.target, self.drafter, self.policy = None, None, None
         if policy is not None:
             self.drafter = SimpleNamespace(config=SimpleNamespace(block_size=block_size))  # what scheduling reads
-            self.policy = get_policy(policy)
-            self.policy.reset()
+            self._use_policy(get_policy(policy), steps_per_second_by_rows)
         self.do_sample, self.logits_processor = False, []
         self.eos_token_ids, self.pad_token_id = set(int(e) for e in eos_token_ids), 0
         self.device = torch.device("cpu")
@@ -197,18 +196,13 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         self.next_position, self.anchor = self.next_position[index], self.anchor[index]
         self.slot_mask = torch.zeros(len(self.active), 0, dtype=torch.bool)
 
-    def _draft(self, budgets: list[int], width: int | None = None) -> DraftedBlock:
-        """The engine's slot loop (`DSparkBatchEngine._draft`) on the trace: the same `SlotSchedule` and rule."""
-        block, rows = self.drafter.config.block_size, len(self.active)
+    def _draft(self, budgets: list[int]) -> DraftedBlock:
+        """The engine's slot loop (`DSparkBatchEngine._draft`) on the trace: the same `SlotSchedule` and policy."""
+        rows = len(self.active)
         at_anchor = [self._sequence_of[r.request_id] for r in self.active]
         committed = [len(r.output_ids) for r in self.active]
-        schedule, confidences = SlotSchedule(self._slot_rule(width), budgets), [[] for _ in range(rows)]
-        for slot in range(max(0, min(block, max(budgets)))):
-            for row, (sequence, c) in enumerate(zip(at_anchor, committed)):
-                if sequence.confidences[c - 1]:
-                    confidences[row].append(sequence.confidences[c - 1][slot])
-            if not schedule.admit(slot, confidences):
-                break
+        confidences, schedule = _choose(self.policy, [s.confidences[c - 1] for s, c in zip(at_anchor, committed)],
+                                        budgets, self.drafter.config.block_size)  # fmt: skip
         slots = schedule.num_sampled
         self.clock.advance(self.cost.drafting_seconds(rows, slots))
         ids = torch.tensor([s.draft_ids[c - 1][:slots] for s, c in zip(at_anchor, committed)], dtype=torch.long)

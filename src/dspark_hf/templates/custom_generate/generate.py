@@ -32,9 +32,11 @@ from transformers import (
 )
 from transformers.activations import ACT2FN
 
-# The drafting and verification every DSpark path runs (dspark_hf/generation/drafting.py). The recipe that
-# `dspark_hf.hub` writes holds that module's source here instead of this import, so it runs without dspark-hf.
-from dspark_hf.generation.drafting import SlotRule, block_inputs, pick_tokens, sample_drafts, verify
+# The verification policies and the drafting and verification every DSpark path runs
+# (dspark_hf/generation/verification_policy.py and drafting.py). The recipe that `dspark_hf.hub` writes holds those
+# modules' source here instead of these imports, so it runs without dspark-hf.
+from dspark_hf.generation.verification_policy import FullBlockPolicy, RoundOutcome, ThresholdPolicy
+from dspark_hf.generation.drafting import block_inputs, pick_tokens, sample_drafts, verify
 
 
 # Written by dspark_hf.hub when the drafter is pushed: the Hub id (or folder) holding the drafter weights.
@@ -379,32 +381,31 @@ def _features(hidden_states, layer_ids):
     return torch.cat([hidden_states[i + 1][0] for i in layer_ids], dim=-1)
 
 
-class _ConfidenceThreshold(SlotRule):
-    """`dspark_confidence_threshold`: a block ends at its first draft whose confidence is below it (0: full blocks)."""
-
-    def __init__(self, threshold):
-        self.threshold = threshold
-
-    def verified(self, slot, confidences, candidates):
-        return [candidate and (self.threshold <= 0 or not values or values[-1] >= self.threshold)
-                for candidate, values in zip(candidates, confidences)]
+def _policy(drafter, threshold):
+    """`dspark_confidence_threshold` as a verification policy: a block ends at its first draft whose confidence is
+    below it (0, or a drafter without confidence head: full blocks)."""
+    if threshold > 0 and drafter.config.get("enable_confidence_head"):
+        return ThresholdPolicy(threshold)
+    return FullBlockPolicy()
 
 
-def _propose(drafter, sequence, budget, warpers, do_sample, threshold):
+def _propose(drafter, sequence, budget, warpers, do_sample, policy):
     """Drafts up to `budget` tokens after `sequence` `(1, seq)` (`sample_drafts`: ``z_k = U_k + bias(x_{k-1})``,
-    warped, then argmax or a sample); returns the drafts and the `(L, vocab)` distributions they were drawn from."""
-    if budget <= 0:
-        return [], None
+    warped, then argmax or a sample, `policy` deciding slot by slot); returns the drafts, the `(L, vocab)`
+    distributions they were drawn from and the round's outcome so far (`None` when the drafter did not run)."""
+    if budget <= 0 or not policy.begin_round([None], drafter.block_size):
+        return [], None, None
     hidden, logits = drafter.block(sequence[0, -1], sequence.shape[1] - 1)
 
     def process(drafts, scores):
         return warpers(torch.cat([sequence, drafts.to(sequence.device)], dim=-1), scores) if warpers else scores
 
-    rule = _ConfidenceThreshold(threshold)
-    block = sample_drafts(drafter, hidden[None], logits[None], sequence[:, -1], [budget], rule, process=process,
+    block = sample_drafts(drafter, hidden[None], logits[None], sequence[:, -1], [budget], policy,
+                          num_slots=policy.num_slots(drafter.block_size, [budget]), process=process,
                           do_sample=do_sample)  # fmt: skip
     length = block.lengths[0]
-    return block.ids[0, :length].tolist(), (block.logits[0, :length].softmax(dim=-1) if length else None)
+    outcome = RoundOutcome(block.confidences, [length], [0], observed=block.observed)
+    return block.ids[0, :length].tolist(), (block.logits[0, :length].softmax(dim=-1) if length else None), outcome
 
 
 @torch.no_grad()
@@ -415,6 +416,8 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0):
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
     limit = config.max_length if config.max_new_tokens is None else input_ids.shape[1] + config.max_new_tokens
     drafter.context, drafter.context_length = [[None, None] for _ in range(drafter.num_layers)], 0
+    policy = _policy(drafter, threshold)
+    policy.reset()
     cache = DynamicCache(config=model.config)
     output = _target_forward(model, input_ids, cache)
     if hasattr(cache, "activate_past_recording"):
@@ -425,13 +428,17 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0):
     sequence = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
     while sequence.shape[1] < limit and token not in eos:
         drafter.extend_context(features, drafter.context_length)
-        drafts, draft_probs = _propose(drafter, sequence, limit - sequence.shape[1] - 1, warpers, do_sample, threshold)
+        drafts, draft_probs, outcome = _propose(drafter, sequence, limit - sequence.shape[1] - 1, warpers, do_sample,
+                                                policy)  # fmt: skip
         verify_ids = torch.cat([sequence[:, -1:], sequence.new_tensor([drafts]).view(1, -1)], dim=-1)
         output = _target_forward(model, verify_ids, cache)
         target_logits = output.logits[0].float()
         if warpers:
             target_logits = torch.cat([warpers(sequence, row[None]) for row in target_logits])
         accepted, token = verify(drafts, draft_probs, target_logits, target_logits.softmax(dim=-1), do_sample)
+        outcome = outcome or RoundOutcome([[]], [0], [0], drafted=False)
+        outcome.accepted = [accepted]
+        policy.end_round(outcome)
         committed = drafts[:accepted] + [token]
         if any(t in eos for t in committed):
             committed = committed[: next(i for i, t in enumerate(committed) if t in eos) + 1]
