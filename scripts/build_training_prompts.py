@@ -8,8 +8,8 @@ translation 10%, question answering over a passage 10%, rewriting 10%. Every pro
   problems from 25 templates with varied names, numbers, units and questions (`training_prompts/math.py`);
 - code: functions of the Python standard library and of the installed site-packages (PSF, MIT, BSD and Apache
   licences), as stubs to complete, one-line requests, "add a docstring", "fix the bug" (a planted bug), "explain"
-  and "write tests"; standard-library functions that the first campaign's prompts used (`--exclude-prompts`) are left
-  out by name;
+  and "write tests"; functions named by the first campaign's prompts (`--exclude-prompts`, all standard-library
+  functions) are left out by name, in every tree;
 - chat: questions about the commands, C functions, file formats and SQL statements of the man pages in
   /usr/share/man, about Python modules and functions, and "explain this" over documentation passages;
 - summarization, passage QA, rewriting and English-to-X translation: prose passages of the rendered man pages,
@@ -22,9 +22,9 @@ A source unit (a man page, a documentation file, a Python file, a message catalo
 by a hash of its name (`--heldout-percent`); the held-out sets (`--heldout-dir`, 40 prompts each of summarization,
 translation, passage QA, rewriting, code stubs and code requests) come from held-out units only. No training prompt
 may overlap an evaluation prompt (every line of `--eval-dir`'s jsonl files except GSM8K 501-1100) nor the source
-text (passage, function, messages) of a held-out prompt: see `dspark_hf.training.contamination`. With `--tokenizer`, prompts longer than `--max-prompt-tokens` (chat
-template included) are dropped. Man pages are rendered once by `man` and cached in `--cache-dir`. Deterministic for a
-given machine and seed.
+text (passage, function, messages) of a held-out prompt: see `dspark_hf.training.contamination`. With
+`--tokenizer`, prompts longer than `--max-prompt-tokens` (chat template included) are dropped. Man pages are
+rendered once by `man` and cached in `--cache-dir`. Deterministic for a given machine and seed.
 
     python scripts/build_training_prompts.py --out /work/data/prompts-v2 --heldout-dir benchmarks/prompts \\
         --gsm8k ../shared/data/eval/gsm8k.jsonl --eval-dir ../shared/data/eval \\

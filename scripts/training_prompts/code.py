@@ -136,8 +136,9 @@ def harvest(roots: dict[str, Path], exclude_names: dict[str, set[str]]) -> tuple
     return functions, passages
 
 
-_FIELD_LIST = re.compile(r"^(Args|Arguments|Parameters|Params|Returns?|Raises|Yields|Examples?|Attributes|Notes?|See Also)"
-                         r"\b|\w+ \((str|int|float|bool|dict|list|tuple|`|optional)|^:\w+|\w+ : [\w.]+", re.MULTILINE)
+_FIELD_LIST = re.compile(r"^(Args|Arguments|Parameters|Params|Returns?|Raises|Yields|Examples?|Attributes|Notes?|"
+                         r"See Also)\b|\w+ \((str|int|float|bool|dict|list|tuple|`|optional)|^:\w+|\w+ : [\w.]+",
+                         re.MULTILINE)
 
 
 # --- shapes ----------------------------------------------------------------------------------------------------------
@@ -171,7 +172,8 @@ BUG_ASKS = [
     "Find and fix the error in the following function.",
 ]
 EXPLAIN_ASKS = [
-    "Explain this code:", "What does this Python function do?", "Explain what the following function does, step by step.",
+    "Explain this code:", "What does this Python function do?",
+    "Explain what the following function does, step by step.",
     "Can you walk me through this code?", "Describe in plain English what this function does:",
     "I found this function in a codebase. What is it for and how does it work?",
 ]
@@ -245,7 +247,8 @@ def _statements(function: Function) -> int:
 
 def docstring_prompt(function: Function, rng: random.Random) -> str | None:
     code = function.code_without_docstring
-    if _statements(function) < 2 or not _short_enough(code) or not _parses(code):  # a function that was only a docstring does not parse
+    # a function that was only a docstring does not parse once it is removed
+    if _statements(function) < 2 or not _short_enough(code) or not _parses(code):
         return None
     return f"{rng.choice(DOCSTRING_ASKS)}\n\n{code_block(code)}"
 

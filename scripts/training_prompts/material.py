@@ -77,8 +77,8 @@ _USED_NAME = re.compile(r"^(?:async )?def (\w+)\(|Write a python function `(\w+)
 
 
 def earlier_prompts(paths: list[Path]) -> tuple[set[str], set[str]]:
-    """(function names, doc paragraphs) that the earlier campaign's prompt files used: the names its three code shapes
-    ask for, and the paragraphs after the instruction line of its chat prompts."""
+    """(function names, doc paragraph keys) that the earlier campaign's prompt files used: the names its three code
+    shapes ask for, and the [`texts.paragraph_key`] of the paragraph after the instruction line of its chat prompts."""
     names = used_function_names(paths)
     paragraphs = set()
     for path in paths:
@@ -86,7 +86,7 @@ def earlier_prompts(paths: list[Path]) -> tuple[set[str], set[str]]:
             prompt = json.loads(line)["turns"][0]
             names.update(match.group(1) or match.group(2) for match in _USED_NAME.finditer(prompt))
             if "\n\n" in prompt:
-                paragraphs.add(prompt.split("\n\n", 1)[1].strip())
+                paragraphs.add(texts.paragraph_key(prompt.split("\n\n", 1)[1]))
     return names, paragraphs
 
 
@@ -107,6 +107,8 @@ def gather(args) -> Material:
     for folder, language in LANGUAGE_FOLDERS.items():
         material.messages += [Message(f"mo:{catalog}", language, english, translated) for catalog, english, translated
                               in texts.catalog_messages(args.locale_root, folder)]
-    material.functions, docstring_passages = code.harvest(args.python_roots, {"stdlib": excluded_names})
+    # by name in every tree: site-packages hold copies of standard-library functions (setuptools' distutils)
+    material.functions, docstring_passages = code.harvest(args.python_roots, {
+        tree: excluded_names for tree in args.python_roots})
     material.passages += docstring_passages
     return material

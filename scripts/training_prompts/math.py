@@ -144,8 +144,8 @@ def reading(rng: random.Random) -> str:
     name = _names(rng, 1)[0]
     per_day, days, more_days = rng.randint(5, 30), rng.randint(2, 7), rng.randint(2, 8)
     pages = per_day * days + 2 * per_day * more_days
-    return (f"{name} is reading a book with {pages} pages. {name} reads {per_day} pages a day for the first {days} days "
-            f"and then doubles the pace. How many days does it take {name} to finish the book in all?")
+    return (f"{name} is reading a book with {pages} pages. {name} reads {per_day} pages a day for the first {days} "
+            f"days and then doubles the pace. How many days does it take {name} to finish the book in all?")
 
 
 def conversion(rng: random.Random) -> str:
@@ -190,8 +190,8 @@ def ratio(rng: random.Random) -> str:
 def fuel(rng: random.Random) -> str:
     name = _names(rng, 1)[0]
     mpg, gallons, price = rng.randrange(20, 45, 5), rng.randint(1, 6), rng.randint(3, 6)
-    return (f"{name}'s car goes {mpg} miles on a gallon of gas, and gas costs ${price} a gallon. How much does gas cost "
-            f"for a round trip to a city {mpg * gallons} miles away?")
+    return (f"{name}'s car goes {mpg} miles on a gallon of gas, and gas costs ${price} a gallon. How much does gas "
+            f"cost for a round trip to a city {mpg * gallons} miles away?")
 
 
 def collections_total(rng: random.Random) -> str:
@@ -220,8 +220,8 @@ def packing(rng: random.Random) -> str:
 def painting(rng: random.Random) -> str:
     name = _names(rng, 1)[0]
     rooms, walls, liters, can = rng.randint(2, 6), 4, rng.choice([2, 3, 4]), rng.choice([5, 10])
-    return (f"{name} is painting {rooms} rooms. Each room has {walls} walls and each wall needs {liters} liters of paint. "
-            f"Paint is sold in {can}-liter cans. How many cans does {name} need to buy?")
+    return (f"{name} is painting {rooms} rooms. Each room has {walls} walls and each wall needs {liters} liters of "
+            f"paint. Paint is sold in {can}-liter cans. How many cans does {name} need to buy?")
 
 
 def subscription(rng: random.Random) -> str:

@@ -119,8 +119,8 @@ def training_pools(train: Material, quotas: dict[str, int], gsm8k: Path, seed: i
     want = {domain: int(quota * SLACK) + 10 for domain, quota in quotas.items()}
     math_rng = _rng(seed, "math")
     gsm8k_prompts = math.gsm8k_training_prompts(gsm8k)
-    math_prompts = gsm8k_prompts + math.templated_problems(max(0, want["math"] - len(gsm8k_prompts)), math_rng)
-    math_rng.shuffle(math_prompts)
+    templated = math.templated_problems(max(0, want["math"] - len(gsm8k_prompts)), math_rng)
+    math_prompts = gsm8k_prompts + templated  # every GSM8K training line first: real problems before templated ones
 
     functions = list(train.functions)
     _rng(seed, "functions").shuffle(functions)

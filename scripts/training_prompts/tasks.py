@@ -50,7 +50,8 @@ def man_page_question(page: ManPage, rng: random.Random) -> str | None:
     if section == "5":
         return rng.choice([f"What is the `{name}` file for, and what does its format look like?",
                            f"Explain the purpose of {name}: {summary}."])
-    return rng.choice([f"Give me an overview of {_lower_first(summary)}.", f"Explain {name} ({summary}) to a beginner."])
+    return rng.choice([f"Give me an overview of {_lower_first(summary)}.",
+                       f"Explain {name} ({summary}) to a beginner."])
 
 
 def _starts_with_verb(description: str) -> bool:
@@ -211,11 +212,13 @@ def _purpose(excerpt: list[tuple[str, str]], tag: str) -> str:
 
 # --- rewriting -------------------------------------------------------------------------------------------------------
 
-REWRITE_ASKS = ["Rewrite the following text in a more formal tone:", "Rewrite this so that a beginner can understand it:",
+REWRITE_ASKS = ["Rewrite the following text in a more formal tone:",
+                "Rewrite this so that a beginner can understand it:",
                 "Simplify this text:", "Make this shorter while keeping the main points:",
                 "Shorten the following paragraph to about half its length.",
                 "Turn the following text into a list of bullet points:", "Paraphrase the following paragraph:",
-                "Rewrite this in a friendly, casual tone:", "Rewrite this paragraph in the active voice where possible:",
+                "Rewrite this in a friendly, casual tone:",
+                "Rewrite this paragraph in the active voice where possible:",
                 "Rewrite the following as a short email to my team:", "Make this text clearer and more concise:"]
 GRAMMAR_ASKS = ["Fix the grammar and spelling mistakes in this text:",
                 "Proofread the following paragraph and correct any errors:", "Correct the grammar:",

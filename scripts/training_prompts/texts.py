@@ -106,7 +106,8 @@ def parse_man_page(text: str, source: str, section: str, language: str) -> ManPa
         return None
     names, page.summary = (part.strip() for part in name_lines[0].split(" - ", 1))
     page.name = names.split(",")[0].strip()
-    see_also = [paragraphs for title, paragraphs in page.paragraphs.items() if title.upper() in ("SEE ALSO", "SIEHE AUCH")]
+    see_also = [paragraphs for title, paragraphs in page.paragraphs.items()
+                if title.upper() in ("SEE ALSO", "SIEHE AUCH")]
     page.see_also = [name for paragraphs in see_also for text in paragraphs for name, _ in _SEE_ALSO_ITEM.findall(text)]
     return page
 
@@ -208,11 +209,14 @@ def _cut_words(paragraph: str, max_words: int) -> str:
     return cut[:end + 1] if end > 0 else cut
 
 
+_NOT_PROSE_SECTIONS = ("SYNOPSIS", "ÜBERSICHT", "SINOPSIS", "SYNTAXE", "COPYRIGHT", "AUTHOR", "SEE ALSO")
+
+
 def man_page_passages(page: ManPage, min_words: int, max_words: int) -> list[Passage]:
     """Prose passages of each section of a page (NAME and SYNOPSIS left out)."""
     passages = []
     for title, paragraphs in list(page.paragraphs.items())[1:]:
-        if title.upper().startswith(("SYNOPSIS", "ÜBERSICHT", "SINOPSIS", "SYNTAXE", "COPYRIGHT", "AUTHOR", "SEE ALSO")):
+        if title.upper().startswith(_NOT_PROSE_SECTIONS):
             continue
         prose = [p for p in paragraphs if is_prose(p, page.language)]
         passages += [Passage(page.source, page.name, text, page.language)
@@ -259,15 +263,21 @@ def text_paragraphs(text: str) -> list[str]:
     return [paragraph for paragraph in paragraphs if paragraph]
 
 
+def paragraph_key(paragraph: str) -> str:
+    """A paragraph's letters and digits, lower-cased: the same key however its lines were wrapped or marked up."""
+    return re.sub(r"\W+", "", paragraph.lower())
+
+
 def doc_passages(doc_root: Path, min_words: int, max_words: int, exclude: set[str]) -> list[Passage]:
-    """Prose passages of [`doc_files`]; paragraphs in `exclude` (already used by an earlier prompt set) are left out."""
+    """Prose passages of [`doc_files`]; paragraphs whose [`paragraph_key`] is in `exclude` (used by an earlier prompt
+    set) are left out."""
     passages = []
     for path in doc_files(doc_root) if doc_root.is_dir() else []:
         text = read_text_file(path)
         if text is None:
             continue
         relative = path.relative_to(doc_root)
-        prose = [p for p in text_paragraphs(text) if p not in exclude and is_prose(p)]
+        prose = [p for p in text_paragraphs(text) if paragraph_key(p) not in exclude and is_prose(p)]
         title = re.sub(r"-\d[^-]*\.(dist|egg)-info$", "", relative.parts[0])
         passages += [Passage(f"doc:{relative}", title, passage)
                      for passage in group_paragraphs(prose, min_words, max_words)]
