@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The second training campaign of the embedded drafter (issue 19): ten times the data, trained at the CPU levers of
+# benchmarks/results/smollm2-training/step-profile (draft vocabulary, bf16 where native, all anchors). Every step
+# resumes where it stopped (prepare-data skips finished shards; train resumes from its last checkpoint), so the
+# campaign runs over several sessions: rerun the same step. The table of stages is
+# benchmarks/results/smollm2-training/campaign.md.
+#
+# Usage: bash scripts/campaign_v2.sh WORK_DIR STEP     (STEP: prompts | data | stage4)
+#   prompts  the v1 prompt files (scripts/smollm2_prompts.py, what stages 1-3 used) and the v2 corpus
+#            (scripts/build_training_prompts.py: 30,000 prompts in seven domains, none overlapping the eval sets)
+#   data     regenerates the answers with the target: v2 first, then v1 again with 256 new tokens; two workers of one
+#            thread each (more tokens per CPU-second than one process on two threads)
+#   stage4   continues the shipped drafter over its own 8,192-id draft vocabulary on all of it
+set -euo pipefail
+work=${1:?work dir}
+step=${2:?step: prompts, data or stage4}
+root=$(cd "$(dirname "$0")/.." && pwd)
+eval_dir=${EVAL_DIR:-$root/../shared/data/eval}
+mkdir -p "$work"
+
+regenerate() {  # regenerate OUT PROMPT_FILE...: two one-thread workers over disjoint shares of the prompts
+    local out=$1; shift
+    for index in 0 1; do
+        OMP_NUM_THREADS=1 dspark-hf prepare-data --prompts "$@" --output_dir "$out" --target_dtype auto \
+            --batch_size 32 --shard_size 64 --max_new_tokens 256 --num_shards 2 --shard_index $index \
+            >> "$out.worker$index.log" 2>&1 &
+    done
+    wait
+}
+
+case $step in
+prompts)
+    mkdir -p "$work/prompts-v1"
+    python "$root/scripts/smollm2_prompts.py" --gsm8k "$eval_dir/gsm8k.jsonl" --out "$work/prompts-v1/prompts.jsonl"
+    python "$root/scripts/smollm2_prompts.py" --gsm8k "$eval_dir/gsm8k.jsonl" --out "$work/prompts-v1/extra.jsonl" \
+        --extra "$work/prompts-v1/prompts.jsonl"
+    python "$root/scripts/smollm2_prompts.py" --gsm8k "$eval_dir/gsm8k.jsonl" --out "$work/prompts-v1/code3.jsonl" \
+        --code-shapes "$work/prompts-v1/prompts.jsonl" "$work/prompts-v1/extra.jsonl"
+    python "$root/scripts/build_training_prompts.py" --out "$work/prompts-v2" --heldout-dir "$root/benchmarks/prompts" \
+        --gsm8k "$eval_dir/gsm8k.jsonl" --eval-dir "$eval_dir" --exclude-prompts "$work"/prompts-v1/*.jsonl \
+        --tokenizer smollm2-135m-instruct --report "$root/benchmarks/results/smollm2-training/prompts-v2.json"
+    ;;
+data)
+    regenerate "$work/conv-v2" "$work/prompts-v2/prompts.jsonl"
+    regenerate "$work/conv-v1" "$work"/prompts-v1/{prompts,extra,code3}.jsonl
+    ;;
+stage4)
+    bf16=$(python -c "import torch; from dspark_hf.models import target_dtype; print('--bf16' if target_dtype('auto') == torch.bfloat16 else '')")
+    resume=()
+    if compgen -G "$work/dspark4/checkpoint-*" > /dev/null; then
+        resume=(--resume_from_checkpoint "$(ls -d "$work"/dspark4/checkpoint-* | sort -t- -k2 -n | tail -1)")
+    fi
+    OMP_NUM_THREADS=2 dspark-hf train --target smollm2-135m-instruct --target_dtype auto $bf16 \
+        --drafter "$root/src/dspark_hf/drafters/dspark-smollm2-135m-instruct" \
+        --train_data "$work/conv-v2" "$work/conv-v1" --eval_split_size 64 --tau_eval_prompts 8 \
+        --max_length 1024 --num_anchors 512 --per_device_train_batch_size 1 --gradient_accumulation_steps 4 \
+        --learning_rate 2e-4 --lr_scheduler_type cosine --warmup_steps 0.02 --num_train_epochs 1 \
+        --eval_strategy steps --eval_steps 1000 --save_steps 200 --save_total_limit 2 --logging_steps 20 \
+        --report_to none --seed 4 --output_dir "$work/dspark4" "${resume[@]}" >> "$work/dspark4.log" 2>&1
+    ;;
+*)
+    echo "unknown step '$step': use prompts, data or stage4" >&2
+    exit 2
+    ;;
+esac
