@@ -5,6 +5,8 @@ fitted cost (both from `benchmarks/results/sim-validation/validation.json`). A s
 in seconds as the fitted cost model.
 
     python scripts/sweep_knobs.py --output_dir benchmarks/results/sim-knobs
+    # under load on more prompts than the validated trace (same fitted costs)
+    python scripts/sweep_knobs.py --load_trace more.trace.json.gz --output_dir benchmarks/results/sim-knobs-more
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ def load_rows(trace: Trace, tables: dict, fits: dict, levels: list[int]) -> list
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", default="1,2,4,8,16,32")
+    parser.add_argument("--load_trace", default=str(VALIDATION / "load.trace.json.gz"),
+                        help="trace replayed under load (default: the validated `bench-load` trace)")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args()
     profile = next(iter(EMBEDDED_DRAFTERS.values())) / "dspark_sps_profile.json"
@@ -68,7 +72,8 @@ def main() -> None:
     fits = {row["concurrency"]: row["fit"] for row in validation["load"]}
     levels = [int(level) for level in args.levels.split(",")]
     batch1 = batch1_rows(Trace.load(VALIDATION / "bench.trace.json.gz"), tables, validation["batch1"]["fit"])
-    load = load_rows(Trace.load(VALIDATION / "load.trace.json.gz"), tables, fits, levels)
+    load_trace = Trace.load(args.load_trace)
+    load = load_rows(load_trace, tables, fits, levels)
     lines = ["# Hardware-aware knobs, simulated (fitted CPU cost of this machine; not a measurement)", "",
              "## Batch 1 (`bench` trace, 18 prompts, 128 tokens)", "",
              "| variant | all tok/s | speed-up | gsm8k | humaneval | mt-bench | tau |", "|---|---:|---:|---:|---:|---:|---:|"]
@@ -77,7 +82,7 @@ def main() -> None:
         cells = [f"{by[(name, c)]['speedup']:.3f}x" for c in ("gsm8k", "humaneval", "mt-bench")]
         lines.append(f"| {name} | {by[(name, 'all')]['tokens_per_second']:.2f} | {by[(name, 'all')]['speedup']:.3f}x | "
                      + " | ".join(cells) + f" | {by[(name, 'all')]['tau']:.3f} |")
-    lines += ["", "## Under load (`bench-load` trace, full-load tok/s vs target-only)", "",
+    lines += ["", f"## Under load ({len(load_trace.sequences)} traced requests, full-load tok/s vs target-only)", "",
               "| variant | " + " | ".join(map(str, levels)) + " |", "|---|" + "---:|" * len(levels)]
     target = {r["concurrency"]: r["full_load_throughput_tok_s"] for r in load if r["method"] == "target"}
     for name in [*REFERENCES, *VARIANTS]:
@@ -86,7 +91,8 @@ def main() -> None:
         lines.append(f"| {name} | " + " | ".join(f"{values[level]:.3f}x" for level in levels) + " |")
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    (output / "knobs.json").write_text(json.dumps({"simulation": True, "batch1": batch1, "load": load}, indent=1))
+    (output / "knobs.json").write_text(json.dumps({"simulation": True, "load_trace": args.load_trace,
+                                                    "batch1": batch1, "load": load}, indent=1))
     (output / "knobs.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
