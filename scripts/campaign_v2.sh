@@ -18,11 +18,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 eval_dir=${EVAL_DIR:-$root/../shared/data/eval}
 mkdir -p "$work"
 
+# Shards of 256 prompts: prompts are sorted by length within a shard before batching, and with 256 (8 batches) 81% of
+# the prefill is real tokens rather than left padding (52% with 64), on the v2 prompts (94-700 tokens).
 regenerate() {  # regenerate OUT PROMPT_FILE...: two one-thread workers over disjoint shares of the prompts
     local out=$1; shift
     for index in 0 1; do
         OMP_NUM_THREADS=1 dspark-hf prepare-data --prompts "$@" --output_dir "$out" --target_dtype auto \
-            --batch_size 32 --shard_size 64 --max_new_tokens 256 --num_shards 2 --shard_index $index \
+            --batch_size 32 --shard_size 256 --max_new_tokens 256 --num_shards 2 --shard_index $index \
             >> "$out.worker$index.log" 2>&1 &
     done
     wait
