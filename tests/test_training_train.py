@@ -190,6 +190,22 @@ def test_draft_vocab_size_trains_a_new_drafter_over_the_most_frequent_response_i
     assert "--draft_vocab_size 16 (the drafter has 24)" in error and "reduce-vocab" in error
 
 
+def test_a_new_drafter_can_start_from_target_layers():
+    target = learnable_target()
+    args = train.DSparkModelArguments(block_size=3, num_hidden_layers=2, markov_rank=8, init_from_target_layers=[1, 0])
+    drafter = train.build_drafter(args, target)
+    for draft_layer, index in zip(drafter.layers, [1, 0]):
+        source = target.model.layers[index]
+        torch.testing.assert_close(draft_layer.self_attn.q_proj.weight, source.self_attn.q_proj.weight, rtol=0, atol=0)
+        torch.testing.assert_close(draft_layer.mlp.down_proj.weight, source.mlp.down_proj.weight, rtol=0, atol=0)
+        torch.testing.assert_close(draft_layer.input_layernorm.weight, source.input_layernorm.weight, rtol=0, atol=0)
+    assert drafter.init_layers_from_target(target, [1, 0]) == ["self_attn.k_norm.weight", "self_attn.q_norm.weight"]
+    with pytest.raises(ValueError, match="one target layer in"):
+        drafter.init_layers_from_target(target, [0])
+    with pytest.raises(ValueError, match="already trained"):
+        train.build_drafter(train.DSparkModelArguments(drafter="some/dir", init_from_target_layers=[0]), target)
+
+
 def test_a_compact_drafter_is_loaded_with_the_given_target(tmp_path):
     target = learnable_target()
     DSparkDrafter.from_target(target, block_size=3, markov_rank=8).save_compact(tmp_path / "compact")

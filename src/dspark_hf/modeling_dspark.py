@@ -358,6 +358,34 @@ class DSparkDrafter(DSparkPreTrainedModel):
         self.embed_tokens.weight.requires_grad_(False)
         self.lm_head.weight.requires_grad_(False)
 
+    @torch.no_grad()
+    def init_layers_from_target(self, target: PreTrainedModel, layer_ids: list[int]) -> list[str]:
+        """Copies target decoder layer ``layer_ids[j]`` into draft layer ``j``, a warm start for a new drafter.
+
+        Draft layers have the target's shapes, so every weight the two share by name is copied (attention and MLP
+        projections, the two norms); the drafter's own (the q/k norms of a Qwen3-style layer over a Llama target)
+        keep their initialisation. Returns the names left as initialised.
+
+        Args:
+            target ([`PreTrainedModel`]): the target the drafter was built for.
+            layer_ids (`list[int]`): one target layer per draft layer, 0-based.
+        """
+        target_layers = target.get_decoder().layers
+        if len(layer_ids) != len(self.layers) or not all(0 <= i < len(target_layers) for i in layer_ids):
+            raise ValueError(
+                f"init layers {list(layer_ids)}: give one target layer in [0, {len(target_layers)}) per draft layer "
+                f"({len(self.layers)} here)."
+            )
+        kept = set()
+        for layer, index in zip(self.layers, layer_ids):
+            source = target_layers[index].state_dict()
+            for name, tensor in layer.state_dict().items():
+                if name in source and source[name].shape == tensor.shape:
+                    tensor.copy_(source[name])
+                else:
+                    kept.add(name)
+        return sorted(kept)
+
     @classmethod
     def from_target(cls, target: PreTrainedModel, **kwargs) -> "DSparkDrafter":
         """A fresh (untrained) drafter for `target`, with the target's embedding and LM head copied in and frozen.

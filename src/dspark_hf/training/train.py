@@ -72,6 +72,10 @@ class DSparkModelArguments:
     enable_confidence_head: bool | None = field(
         default=None, metadata={"help": "New drafter: with a confidence head (default true)."}
     )
+    init_from_target_layers: list[int] | None = field(
+        default=None,
+        metadata={"help": "New drafter: start draft layer j as a copy of target layer ID_j (one id per draft layer)."},
+    )
     draft_vocab_size: int | None = field(
         default=None,
         metadata={"help": "New drafter: draft (and train) over only the N ids most frequent in the training responses "
@@ -311,6 +315,11 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
     change the architecture, and ignoring the option would silently train something else than was asked for.
     """
     given = {name: getattr(model_args, name) for name in NEW_DRAFTER_DEFAULTS if getattr(model_args, name) is not None}
+    if model_args.drafter and model_args.init_from_target_layers:
+        raise ValueError(
+            f"--init_from_target_layers starts a new drafter; the drafter loaded from {model_args.drafter} is already "
+            "trained. Drop one of the two."
+        )
     if model_args.drafter:
         drafter = DSparkDrafter.from_pretrained(model_args.drafter, target=target, dtype=torch.float32)
         config = drafter.config
@@ -328,6 +337,10 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
     else:
         options = {**NEW_DRAFTER_DEFAULTS, **given}
         drafter = DSparkDrafter.from_target(target, **options)
+        if model_args.init_from_target_layers:
+            kept = drafter.init_layers_from_target(target, model_args.init_from_target_layers)
+            logger.info(f"Draft layers start from target layers {model_args.init_from_target_layers} (kept as "
+                        f"initialised: {', '.join(kept) or 'nothing'}).")
     drafter.check_target(target)
     drafter.to(torch.float32)
     drafter.freeze_vocabulary()
