@@ -48,7 +48,13 @@ def test_training_lowers_the_loss_and_raises_tau_through_generate(tmp_path):
         data_collator=DSparkDataCollator(block_size=4, mask_token_id=0, num_anchors=16),
     )
     embedding_before = drafter.embed_tokens.weight.clone()
+    drafter.verification_policy = "threshold"
+    policies, generate = [], target.generate
+    target.generate = lambda **kwargs: policies.append(drafter.verification_policy) or generate(**kwargs)
     tau_before = trainer.measure_tau()["eval_tau"]
+    del target.generate
+    # tau measures the drafter: full blocks whatever the policy set (the default one would depend on timings)
+    assert policies == ["full"] * len(held_out) and drafter.verification_policy == "threshold"
     trainer.train()
 
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]

@@ -268,10 +268,30 @@ class DSparkTrainer(Trainer):
     @torch.no_grad()
     def measure_tau(self, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Greedy generation from the held-out prompts with the drafter as `assistant_model`: tau (tokens per target
-        forward, bonus included) and the draft acceptance rate, summed over prompts (and ranks)."""
+        forward, bonus included) and the draft acceptance rate, summed over prompts (and ranks).
+
+        Every round verifies the full block, so tau measures the drafter alone: the default hardware-aware policy would
+        make it depend on this machine's timings (and measure a speed profile on a machine busy training)."""
         assistant = self.accelerator.unwrap_model(self.model)  # the drafter or its PEFT wrapper, as users pass it
         was_training = assistant.training
         assistant.eval()
+        policy = self.drafter.__dict__.get("_verification_policy")
+        self.drafter.verification_policy = "full"
+        try:
+            totals = self._greedy_round_totals(assistant)
+        finally:
+            assistant.train(was_training)
+            self.drafter.verification_policy = policy
+        if self.args.world_size > 1:
+            totals = self.accelerator.reduce(totals.to(self.args.device), reduction="sum").cpu()
+        accepted, rounds, verified = totals.tolist()
+        return {
+            f"{metric_key_prefix}_tau": round((accepted + rounds) / max(rounds, 1.0), 4),
+            f"{metric_key_prefix}_acceptance_rate": round(accepted / max(verified, 1.0), 4),
+        }
+
+    def _greedy_round_totals(self, assistant) -> torch.Tensor:
+        """Accepted drafts, rounds and verified drafts over this rank's tau prompts."""
         totals = torch.zeros(3, dtype=torch.float64)
         prompts = self.tau_prompts[self.args.process_index:: self.args.world_size]
         disable = self.args.disable_tqdm or not self.is_local_process_zero()
@@ -290,14 +310,7 @@ class DSparkTrainer(Trainer):
             )
             stats = self.drafter.generation_stats
             totals += torch.tensor([stats.accepted, stats.num_rounds, stats.verified], dtype=torch.float64)
-        assistant.train(was_training)
-        if self.args.world_size > 1:
-            totals = self.accelerator.reduce(totals.to(self.args.device), reduction="sum").cpu()
-        accepted, rounds, verified = totals.tolist()
-        return {
-            f"{metric_key_prefix}_tau": round((accepted + rounds) / max(rounds, 1.0), 4),
-            f"{metric_key_prefix}_acceptance_rate": round(accepted / max(verified, 1.0), 4),
-        }
+        return totals
 
 
 # --- assembling a run ------------------------------------------------------------------------------------------------
