@@ -13,6 +13,7 @@ from typing import Callable
 import torch
 
 from ..modeling_dspark import DSparkDrafter
+from ..modeling_dspark_gemma4 import softcap_logits
 from .blocks import IGNORE_INDEX, DSparkBlocks, block_attention_mask
 from .features import TargetSignals
 from .losses import (
@@ -134,9 +135,8 @@ def supervised_targets(
         logits = drafter.base_logits(states.to(drafter.lm_head.weight.dtype)).float()
         return SupervisedTargets(logits[slot_index], None, labels)
     logits = torch.nn.functional.linear(states.to(target_lm_head.dtype), target_lm_head).float()
-    cap = getattr(drafter.config, "final_logit_softcapping", None)
-    if cap is not None:  # Gemma caps its logits; the drafter's frozen head does the same
-        logits = torch.tanh(logits / cap) * cap
+    # Gemma caps its logits; the drafter's frozen head does the same
+    logits = softcap_logits(logits, getattr(drafter.config, "final_logit_softcapping", None))
     log_probs = logits.log_softmax(dim=-1)
     outside = log_probs.masked_fill(drafter.t2d, float("-inf")).logsumexp(dim=-1).exp()
     to_draft = torch.full((drafter.config.vocab_size,), IGNORE_INDEX, dtype=torch.long, device=labels.device)
