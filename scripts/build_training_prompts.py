@@ -55,7 +55,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="output folder (prompts.jsonl and report.json)")
     parser.add_argument("--gsm8k", type=Path, required=True, help="the GSM8K eval file (lines 501-1100 are used)")
     parser.add_argument("--eval-dir", type=Path, required=True, help="folder of the evaluation jsonl files")
-    parser.add_argument("--heldout-dir", type=Path, default=None, help="write the held-out prompt sets here")
+    parser.add_argument("--heldout-dir", type=Path, default=None,
+                        help="the held-out prompt sets: read when they exist (they stay fixed from machine to machine), "
+                             "else written here")
+    parser.add_argument("--rebuild-heldout", action="store_true",
+                        help="write new held-out sets into --heldout-dir even where they exist")
     parser.add_argument("--exclude-prompts", type=Path, nargs="*", default=[],
                         help="earlier prompt files whose functions and doc paragraphs are not used again")
     parser.add_argument("--total", type=int, default=30000, help="training prompts to write")
@@ -87,6 +91,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     except ValueError as error:
         parser.error(str(error))
     return args
+
+
+def committed_heldout(heldout_dir: Path | None) -> dict[str, list[tuple[str, str]]] | None:
+    """The held-out sets already in `heldout_dir`, as (prompt, text to keep out of training) pairs; `None` if any is
+    missing. The source material differs from machine to machine, so sets built elsewhere are kept, not rebuilt: a
+    training prompt is then rejected when it overlaps the held-out prompt itself (which quotes its passage or code)."""
+    if heldout_dir is None or not all((heldout_dir / f"{name}.jsonl").is_file() for name in HELDOUT_SETS):
+        return None
+    return {name: [(text, text) for text in prompt_file_texts(heldout_dir / f"{name}.jsonl")] for name in HELDOUT_SETS}
 
 
 def eval_index(eval_dir: Path) -> tuple[EvalOverlapIndex, list[str]]:
@@ -169,8 +182,11 @@ def main(argv: list[str] | None = None) -> dict:
     material = sources.gather(args)
     train, held = material.split(args.heldout_percent)
     index, eval_files = eval_index(args.eval_dir)
-    heldout = {name: [(prompt, text) for prompt, text in pairs if index.overlap(prompt) is None][:args.heldout_size]
-               for name, pairs in heldout_sets(held, args.heldout_size, args.seed).items()}
+    heldout = committed_heldout(args.heldout_dir) if not args.rebuild_heldout else None
+    rebuilt = heldout is None
+    if rebuilt:
+        heldout = {name: [(prompt, text) for prompt, text in pairs if index.overlap(prompt) is None][:args.heldout_size]
+                   for name, pairs in heldout_sets(held, args.heldout_size, args.seed).items()}
     heldout_index = EvalOverlapIndex([text for pairs in heldout.values() for _, text in pairs])
     quotas = {domain: round(args.total * share) for domain, share in SHARES.items()}
     pools, code_shapes = training_pools(train, quotas, args.gsm8k, args.seed)
@@ -179,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows = [{"turns": [prompt], "domain": domain} for domain, prompts in picked["chosen"].items() for prompt in prompts]
     random.Random(args.seed).shuffle(rows)
     write_jsonl(rows, args.out / "prompts.jsonl")
-    if args.heldout_dir is not None:
+    if args.heldout_dir is not None and rebuilt:
         for name in HELDOUT_SETS:
             write_jsonl([{"turns": [prompt]} for prompt, _ in heldout[name]], args.heldout_dir / f"{name}.jsonl")
     report = {
@@ -193,6 +209,7 @@ def main(argv: list[str] | None = None) -> dict:
         "max_prompt_tokens": args.max_prompt_tokens if length else None, "tokenizer": args.tokenizer,
         "prompt_tokens": {domain: _length_stats(values) for domain, values in picked["lengths"].items() if values},
         "code_shapes": code_shapes, "heldout_sets": {name: len(pairs) for name, pairs in heldout.items()},
+        "heldout_rebuilt": rebuilt,
         "heldout_percent": args.heldout_percent, "sources": material.summary(), "eval_files": eval_files,
         "overlap_rule": "reject a shared 13-word n-gram, or >50% of the prompt's 8-grams in one eval prompt "
                         "(lower-cased words; 8-grams found in >=5 eval texts are boilerplate and ignored); checked "

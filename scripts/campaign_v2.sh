@@ -2,36 +2,61 @@
 # The second training campaign of the embedded drafter (issue 19): ten times the data, trained at the CPU levers of
 # benchmarks/results/smollm2-training/step-profile (draft vocabulary, bf16 where native, all anchors). Every step
 # resumes where it stopped (prepare-data skips finished shards; train resumes from its last checkpoint), so the
-# campaign runs over several sessions: rerun the same step. The table of stages is
-# benchmarks/results/smollm2-training/campaign.md.
+# campaign runs over several sessions, on whatever machine each gets: rerun the same step. What must outlive a machine
+# is committed under DATA_DIR (default training_data/smollm2-135m-instruct): the prompt files, compressed (the
+# material they are built from differs between machines, and the finished shards name prompts by their index), and
+# every finished shard of regenerated answers. The table of stages is benchmarks/results/smollm2-training/campaign.md.
 #
-# Usage: bash scripts/campaign_v2.sh WORK_DIR STEP     (STEP: prompts | data | stage4)
+# Usage: bash scripts/campaign_v2.sh WORK_DIR STEP     (STEP: prompts | data | pack | stage4)
 #   prompts  the v1 prompt files (scripts/smollm2_prompts.py, what stages 1-3 used) and the v2 corpus
-#            (scripts/build_training_prompts.py: 30,000 prompts in seven domains, none overlapping the eval sets)
-#   data     regenerates the answers with the target: v2 first, then v1 again with 256 new tokens; two workers of one
-#            thread each (more tokens per CPU-second than one process on two threads)
+#            (scripts/build_training_prompts.py: 30,000 prompts in seven domains, none overlapping the eval sets),
+#            built once and committed; later runs unpack the committed files
+#   data     regenerates the answers with the target, v2 first, then v1 again with 256 new tokens, into WORK_DIR after
+#            the shards DATA_DIR holds; two workers of one thread each (more tokens per CPU-second than one process on
+#            two threads)
+#   pack     copies the finished shards into DATA_DIR, compact (scripts/pack_campaign_shards.py), to commit
 #   stage4   continues the shipped drafter over its own 8,192-id draft vocabulary on all of it
 set -euo pipefail
 work=${1:?work dir}
-step=${2:?step: prompts, data or stage4}
+step=${2:?step: prompts, data, pack or stage4}
 root=$(cd "$(dirname "$0")/.." && pwd)
 eval_dir=${EVAL_DIR:-$root/../shared/data/eval}
-mkdir -p "$work"
+data=${DATA_DIR:-$root/training_data/smollm2-135m-instruct}
+prompt_files=(prompts-v1/prompts prompts-v1/extra prompts-v1/code3 prompts-v2/prompts)
+mkdir -p "$work" "$data"
+
+unpack_prompts() {  # the committed prompt files into WORK_DIR
+    for name in "${prompt_files[@]}"; do
+        if [[ ! -f "$work/$name.jsonl" ]]; then
+            [[ -f "$data/$name.jsonl.xz" ]] || { echo "no $data/$name.jsonl.xz: run the prompts step first" >&2; exit 2; }
+            mkdir -p "$(dirname "$work/$name")"
+            xz -dc "$data/$name.jsonl.xz" > "$work/$name.jsonl"
+        fi
+    done
+}
 
 # Shards of 256 prompts: prompts are sorted by length within a shard before batching, and with 256 (8 batches) 81% of
 # the prefill is real tokens rather than left padding (52% with 64), on the v2 prompts (94-700 tokens).
 regenerate() {  # regenerate OUT PROMPT_FILE...: two one-thread workers over disjoint shares of the prompts
     local out=$1; shift
+    mkdir -p "$out"
+    if compgen -G "$data/$(basename "$out")/*.done.json" > /dev/null; then  # committed shards: their prompts are skipped
+        cp -n "$data/$(basename "$out")"/* "$out"/
+    fi
     for index in 0 1; do
         OMP_NUM_THREADS=1 dspark-hf prepare-data --prompts "$@" --output_dir "$out" --target_dtype auto \
             --batch_size 32 --shard_size 256 --max_new_tokens 256 --num_shards 2 --shard_index $index \
-            >> "$out.worker$index.log" 2>&1 &
+            >> "$work/$(basename "$out").worker$index.log" 2>&1 &
     done
     wait
 }
 
 case $step in
 prompts)
+    if [[ -f "$data/prompts-v2/prompts.jsonl.xz" ]]; then
+        unpack_prompts  # built once: the committed corpus stays the corpus
+        exit 0
+    fi
     mkdir -p "$work/prompts-v1"
     python "$root/scripts/smollm2_prompts.py" --gsm8k "$eval_dir/gsm8k.jsonl" --out "$work/prompts-v1/prompts.jsonl"
     python "$root/scripts/smollm2_prompts.py" --gsm8k "$eval_dir/gsm8k.jsonl" --out "$work/prompts-v1/extra.jsonl" \
@@ -41,10 +66,20 @@ prompts)
     python "$root/scripts/build_training_prompts.py" --out "$work/prompts-v2" --heldout-dir "$root/benchmarks/prompts" \
         --gsm8k "$eval_dir/gsm8k.jsonl" --eval-dir "$eval_dir" --exclude-prompts "$work"/prompts-v1/*.jsonl \
         --tokenizer smollm2-135m-instruct --report "$root/benchmarks/results/smollm2-training/prompts-v2.json"
+    for name in "${prompt_files[@]}"; do
+        mkdir -p "$(dirname "$data/$name")"
+        xz -9 -T1 -c "$work/$name.jsonl" > "$data/$name.jsonl.xz"
+    done
     ;;
 data)
+    unpack_prompts
     regenerate "$work/conv-v2" "$work/prompts-v2/prompts.jsonl"
     regenerate "$work/conv-v1" "$work"/prompts-v1/{prompts,extra,code3}.jsonl
+    ;;
+pack)
+    for name in conv-v2 conv-v1; do
+        [[ -d "$work/$name" ]] && python "$root/scripts/pack_campaign_shards.py" "$work/$name" "$data/$name"
+    done
     ;;
 stage4)
     bf16=$(python -c "import torch; from dspark_hf.models import target_dtype; print('--bf16' if target_dtype('auto') == torch.bfloat16 else '')")
@@ -54,14 +89,14 @@ stage4)
     fi
     OMP_NUM_THREADS=2 dspark-hf train --target smollm2-135m-instruct --target_dtype auto $bf16 \
         --drafter "$root/src/dspark_hf/drafters/dspark-smollm2-135m-instruct" \
-        --train_data "$work/conv-v2" "$work/conv-v1" --eval_split_size 64 --tau_eval_prompts 8 \
+        --train_data "$data/conv-v2" "$data/conv-v1" --eval_split_size 64 --tau_eval_prompts 8 \
         --max_length 1024 --num_anchors 512 --per_device_train_batch_size 1 --gradient_accumulation_steps 4 \
         --learning_rate 2e-4 --lr_scheduler_type cosine --warmup_steps 0.02 --num_train_epochs 1 \
         --eval_strategy steps --eval_steps 1000 --save_steps 200 --save_total_limit 2 --logging_steps 20 \
         --report_to none --seed 4 --output_dir "$work/dspark4" "${resume[@]}" >> "$work/dspark4.log" 2>&1
     ;;
 *)
-    echo "unknown step '$step': use prompts, data or stage4" >&2
+    echo "unknown step '$step': use prompts, data, pack or stage4" >&2
     exit 2
     ;;
 esac

@@ -168,3 +168,22 @@ def test_builder_names_a_missing_source(tmp_path, builder, capsys):
     with pytest.raises(SystemExit):
         builder.parse_args(["--out", str(tmp_path / "out")] + options)
     assert "--doc-root" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("man") is None, reason="renders man pages with man-db")
+def test_committed_heldout_sets_are_kept_and_kept_out(tmp_path, builder):
+    options = _fake_machine(tmp_path)
+    first = [json.loads(line)["turns"][0]
+             for line in builder.main(["--out", str(tmp_path / "out")] + options) and
+             (tmp_path / "out" / "prompts.jsonl").read_text().splitlines()]
+    # Held-out sets built on another machine, which quote prompts this machine would train on
+    heldout_dir = tmp_path / "heldout"
+    heldout_dir.mkdir()
+    for index, name in enumerate(builder.HELDOUT_SETS):
+        (heldout_dir / f"{name}.jsonl").write_text(json.dumps({"turns": [first[index]]}) + "\n")
+    before = {path.name: path.read_text() for path in heldout_dir.iterdir()}
+    report = builder.main(["--out", str(tmp_path / "again"), "--heldout-dir", str(heldout_dir)] + options)
+    assert {path.name: path.read_text() for path in heldout_dir.iterdir()} == before
+    assert report["heldout_rebuilt"] is False and sum(report["rejected_heldout_overlap"].values()) >= 1
+    again = [json.loads(line)["turns"][0] for line in (tmp_path / "again" / "prompts.jsonl").read_text().splitlines()]
+    assert not set(first[:len(builder.HELDOUT_SETS)]) & set(again)
