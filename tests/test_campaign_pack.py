@@ -1,13 +1,11 @@
 """The campaign's committed shards (scripts/pack_campaign_shards.py): compact, loadable, and skipped on resumption."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from dspark_hf.training.data import ShardWriter, load_training_dataset
-
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 

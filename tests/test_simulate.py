@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from dspark_hf.simulation.cost import KneeCost, ProfileCost, load_cost_model
 from dspark_hf.simulation.replay import SimulatedBatchEngine, replay_generation
 from dspark_hf.simulation.simulate import main as simulate_main
 from dspark_hf.simulation.simulate import make_policy, simulate_closed_loop
-from dspark_hf.simulation.trace import Trace, TraceSequence, trace_sequence
+from dspark_hf.simulation.trace import Trace, TraceSequence, retrace, trace_sequence
 
 
 PROMPTS = [[1, 5, 6, 7, 8, 9], [1, 40, 41, 42], [1, 17, 3, 3, 60, 61, 62, 63]]
@@ -85,6 +86,22 @@ def test_trace_matches_live_generator(models, trace):
             assert sequence.confidences[committed - 1][: len(computed)] == pytest.approx(computed, abs=1e-5)
             assert sequence.accepted(committed, round_stats.verified) >= round_stats.accepted
             committed += round_stats.accepted + 1
+
+
+def test_retrace_drafts_the_same_outputs_again(models, trace):
+    target, drafter, _ = models
+    again = retrace(target, drafter, trace)
+    assert [s.output_ids for s in again.sequences] == [s.output_ids for s in trace.sequences]
+    assert [s.draft_ids for s in again.sequences] == [s.draft_ids for s in trace.sequences]
+    assert [s.accept_lengths for s in again.sequences] == [s.accept_lengths for s in trace.sequences]
+    other = retrace(target, make_drafter(target, seed=2), trace)  # another drafter, judged on the same outputs
+    assert [s.prompt_id for s in other.sequences] == [s.prompt_id for s in trace.sequences]
+    assert [s.draft_ids for s in other.sequences] != [s.draft_ids for s in trace.sequences]
+    for sequence in other.sequences:  # A(c) is the drafts' agreement with the (unchanged) output
+        reference = sequence.output_ids + sequence.continuation_ids
+        for c, (block, accepted) in enumerate(zip(sequence.draft_ids, sequence.accept_lengths), start=1):
+            assert block[:accepted] == reference[c:c + accepted]
+            assert accepted == len(block) or c + accepted >= len(reference) or block[accepted] != reference[c + accepted]
 
 
 @pytest.mark.parametrize("spec", POLICIES)
@@ -190,3 +207,37 @@ def test_probe_samples_while_its_width_reaches_past_the_slot():
     policy.begin_round([[0.0] * 4], 4)  # confidences of 0 plan width 1: this round is a probe
     policy._probe_width = lambda confidences: 5
     assert policy.verified(1, [[0.9, 0.9]], [True]) == [True]
+
+
+def test_trace_command_takes_prompts_or_a_trace(capsys):
+    from dspark_hf.simulation.trace import _parse_args
+
+    for argv in (["--output", "t.json.gz"], ["--prompts", "p.jsonl", "--outputs_from", "t0.json.gz", "--output", "t"]):
+        with pytest.raises(SystemExit):
+            _parse_args(argv)
+        assert "--outputs_from" in capsys.readouterr().err
+    assert _parse_args(["--outputs_from", "t0.json.gz", "--output", "t.json.gz"]).prompts is None
+
+
+def test_campaign_eval_reports_full_block_tau(models, trace, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import campaign_eval
+
+    target, _, _ = models
+    trace.save(tmp_path / "a.json.gz")
+    retrace(target, make_drafter(target, seed=2), trace).save(tmp_path / "b.json.gz")
+    document = campaign_eval.main([f"a={tmp_path / 'a.json.gz'}", f"b={tmp_path / 'b.json.gz'}",
+                                   "--output", str(tmp_path / "out")])
+    live = []
+    for prompt in PROMPTS:  # the live full-block rounds of the first drafter
+        live += _live_generate(target, models[1], prompt, "full")[1].rounds
+    tau = (sum(r.accepted for r in live) + len(live)) / len(live)
+    assert document["a"]["categories"]["tiny"]["tau"] == pytest.approx(tau, abs=1e-4)
+    first = [r for r in live if r.verified]
+    assert document["a"]["categories"]["all"]["first_draft_acceptance"] == pytest.approx(
+        sum(r.accepted > 0 for r in first) / len(first), abs=1e-4)
+    assert (tmp_path / "out" / "heldout-tau.md").read_text().count("| tiny |") == 1
+    other = Trace(trace.block_size, trace.max_new_tokens, trace.eos_token_ids, trace.sequences[:1])
+    other.save(tmp_path / "c.json.gz")
+    with pytest.raises(SystemExit, match="--outputs_from"):
+        campaign_eval.main([f"a={tmp_path / 'a.json.gz'}", f"c={tmp_path / 'c.json.gz'}", "--output", str(tmp_path)])

@@ -14,6 +14,8 @@ a block mask. Tokens match exactly except at near-ties; confidences match to abo
 
 ```bash
 dspark-hf trace --prompts data/eval/gsm8k.jsonl --limit 6 --max_new_tokens 128 --output gsm8k.trace.json.gz
+# another drafter over the same greedy outputs (no generation: one target forward per output)
+dspark-hf trace --outputs_from gsm8k.trace.json.gz --drafter my-drafter --output mine.trace.json.gz
 ```
 """
 
@@ -211,7 +213,10 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default=DEFAULT_TARGET, help="target name or folder (default: %(default)s)")
     parser.add_argument("--drafter", help="drafter folder (default: the one embedded for the target)")
-    parser.add_argument("--prompts", nargs="+", required=True, metavar="FILE", help="jsonl prompt files")
+    parser.add_argument("--prompts", nargs="+", metavar="FILE", help="jsonl prompt files")
+    parser.add_argument("--outputs_from", metavar="TRACE",
+                        help="instead of --prompts: the prompts and greedy outputs of this trace, drafted again by "
+                        "--drafter (compares drafters on the same outputs without generating them again)")
     parser.add_argument("--start", type=int, default=0, help="skip this many prompts per category")
     parser.add_argument("--limit", type=int, help="keep at most this many prompts per category")
     parser.add_argument("--first_turn_only", action="store_true",
@@ -225,6 +230,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.max_new_tokens < 1:
         parser.error(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+    if (args.prompts is None) == (args.outputs_from is None):
+        parser.error("give --prompts (generate and trace) or --outputs_from TRACE (trace that trace's outputs), "
+                     "not both or neither")
     return args
 
 
@@ -255,6 +263,18 @@ def trace_prompts(target, tokenizer, drafter, prompts, max_new_tokens: int, firs
     return sequences, eos
 
 
+def retrace(target: PreTrainedModel, drafter: DSparkDrafter, trace: Trace, progress: bool = False) -> Trace:
+    """`trace` with `drafter`'s drafts, confidences and A(c) over the same prompts and greedy outputs."""
+    from tqdm.auto import tqdm
+
+    sequences = [
+        trace_sequence(target, drafter, s.prompt_ids, s.output_ids, trace.eos_token_ids, trace.max_new_tokens,
+                       prompt_id=s.prompt_id, category=s.category, turn=s.turn)
+        for s in tqdm(trace.sequences, desc="trace", unit="output", disable=not progress)
+    ]
+    return Trace(drafter.config.block_size, trace.max_new_tokens, list(trace.eos_token_ids), sequences)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from ..benchmarks.bench import default_drafter, version_info
     from ..benchmarks.prompts import load_prompts
@@ -264,18 +284,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    prompts = load_prompts(args.prompts, start=args.start, limit=args.limit)
+    source = Trace.load(args.outputs_from) if args.outputs_from else None
+    prompts = load_prompts(args.prompts, start=args.start, limit=args.limit) if source is None else None
     target, tokenizer = load_target(args.target, dtype=getattr(torch, args.dtype))
     drafter_path = args.drafter or default_drafter(args.target)
     draft_dtype = drafter_dtype(args.drafter_dtype)
     drafter = DSparkDrafter.from_pretrained(drafter_path, target=target, dtype=draft_dtype).eval()
-    sequences, eos = trace_prompts(target, tokenizer, drafter, prompts, args.max_new_tokens, args.first_turn_only,
-                                   progress=True)
     metadata = {"command": shlex.join(["dspark-hf", "trace", *argv]), "versions": version_info(),
                 "target": args.target, "drafter": str(drafter_path), "dtype": args.dtype,
                 "drafter_dtype": str(draft_dtype).removeprefix("torch."),
                 "policy_free": "greedy; drafts, confidences and A(c) do not depend on the verification policy"}
-    trace = Trace(drafter.config.block_size, args.max_new_tokens, eos, sequences, metadata)
+    if source is None:
+        sequences, eos = trace_prompts(target, tokenizer, drafter, prompts, args.max_new_tokens,
+                                       args.first_turn_only, progress=True)
+        trace = Trace(drafter.config.block_size, args.max_new_tokens, eos, sequences, metadata)
+    else:
+        trace = retrace(target, drafter, source, progress=True)
+        trace.metadata = {**metadata, "outputs_from": {"path": args.outputs_from,
+                                                       "command": source.metadata.get("command"),
+                                                       "dtype": source.metadata.get("dtype")}}
     path = trace.save(args.output)
     anchors = sum(len(s.draft_ids) for s in sequences)
     print(f"wrote {path}: {len(sequences)} generations, {anchors} anchors")
