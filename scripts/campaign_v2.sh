@@ -15,7 +15,8 @@
 #            the shards DATA_DIR holds; two workers of one thread each (more tokens per CPU-second than one process on
 #            two threads)
 #   pack     copies the finished shards into DATA_DIR, compact (scripts/pack_campaign_shards.py), to commit
-#   stage4   continues the shipped drafter over its own 8,192-id draft vocabulary on all of it
+#   stage4   continues the shipped drafter over its own 8,192-id draft vocabulary on the committed shards; one epoch,
+#            or MAX_STEPS optimizer steps (a stage sized to a session, from the seconds per step in dspark4.log)
 set -euo pipefail
 work=${1:?work dir}
 step=${2:?step: prompts, data, pack or stage4}
@@ -85,15 +86,19 @@ pack)
     ;;
 stage4)
     bf16=$(python -c "import torch; from dspark_hf.models import target_dtype; print('--bf16' if target_dtype('auto') == torch.bfloat16 else '')")
-    resume=()
+    resume=() train_data=()
+    for name in conv-v2 conv-v1; do
+        if compgen -G "$data/$name/*.parquet" > /dev/null; then train_data+=("$data/$name"); fi
+    done
     if compgen -G "$work/dspark4/checkpoint-*" > /dev/null; then
         resume=(--resume_from_checkpoint "$(ls -d "$work"/dspark4/checkpoint-* | sort -t- -k2 -n | tail -1)")
     fi
     OMP_NUM_THREADS=2 dspark-hf train --target smollm2-135m-instruct --target_dtype auto $bf16 \
         --drafter "$root/src/dspark_hf/drafters/dspark-smollm2-135m-instruct" \
-        --train_data "$data/conv-v2" "$data/conv-v1" --eval_split_size 64 --tau_eval_prompts 8 \
+        --train_data "${train_data[@]}" --eval_split_size 64 --tau_eval_prompts 8 \
         --max_length 1024 --num_anchors 512 --per_device_train_batch_size 1 --gradient_accumulation_steps 4 \
         --learning_rate 2e-4 --lr_scheduler_type cosine --warmup_steps 0.02 --num_train_epochs 1 \
+        --max_steps "${MAX_STEPS:--1}" \
         --eval_strategy steps --eval_steps 1000 --save_steps 200 --save_total_limit 2 --logging_steps 20 \
         --report_to none --seed 4 --output_dir "$work/dspark4" "${resume[@]}" >> "$work/dspark4.log" 2>&1
     ;;
