@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from dspark_hf.generation.policies import get_policy
@@ -81,10 +82,18 @@ def markdown(document: dict, outputs: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def outputs_only(trace: Trace) -> Trace:
+    """`trace` without its drafter's per-anchor fields: what `dspark-hf trace --outputs_from` reads."""
+    sequences = [replace(s, draft_ids=[], confidences=[], confidence_logits=[], accept_lengths=[])
+                 for s in trace.sequences]
+    return Trace(trace.block_size, trace.max_new_tokens, trace.eos_token_ids, sequences, dict(trace.metadata))
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("traces", nargs="+", metavar="NAME=TRACE", help="traces over the same outputs, named")
     parser.add_argument("--output", type=Path, required=True, help="folder for heldout-tau.json and .md")
+    parser.add_argument("--save_outputs", type=Path, help="write the first trace's prompts and outputs here")
     args = parser.parse_args(argv)
     traces = {}
     for item in args.traces:
@@ -98,6 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
     args.output.mkdir(parents=True, exist_ok=True)
     (args.output / "heldout-tau.json").write_text(json.dumps({"outputs": outputs, "drafters": document}, indent=1))
     (args.output / "heldout-tau.md").write_text(markdown(document, outputs))
+    if args.save_outputs:
+        outputs_only(next(iter(traces.values()))).save(args.save_outputs)
     print(markdown(document, outputs))
     return document
 

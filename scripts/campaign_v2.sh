@@ -7,7 +7,7 @@
 # material they are built from differs between machines, and the finished shards name prompts by their index), and
 # every finished shard of regenerated answers. The table of stages is benchmarks/results/smollm2-training/campaign.md.
 #
-# Usage: bash scripts/campaign_v2.sh WORK_DIR STEP     (STEP: prompts | data | pack | stage4)
+# Usage: bash scripts/campaign_v2.sh WORK_DIR STEP     (STEP: prompts | data | pack | eval | stage4)
 #   prompts  the v1 prompt files (scripts/smollm2_prompts.py, what stages 1-3 used) and the v2 corpus
 #            (scripts/build_training_prompts.py: 30,000 prompts in seven domains, none overlapping the eval sets),
 #            built once and committed; later runs unpack the committed files
@@ -15,11 +15,14 @@
 #            the shards DATA_DIR holds; two workers of one thread each (more tokens per CPU-second than one process on
 #            two threads)
 #   pack     copies the finished shards into DATA_DIR, compact (scripts/pack_campaign_shards.py), to commit
+#   eval     CANDIDATE=DIR [NAME=stage4]: held-out full-block tau of the shipped drafter and CANDIDATE, teacher-forced
+#            over the committed greedy outputs of the held-out sets (scripts/campaign_eval.py; no timing: it can run
+#            beside a training job), into benchmarks/results/smollm2-training/heldout-tau/NAME
 #   stage4   continues the shipped drafter over its own 8,192-id draft vocabulary on the committed shards; one epoch,
 #            or MAX_STEPS optimizer steps (a stage sized to a session, from the seconds per step in dspark4.log)
 set -euo pipefail
 work=${1:?work dir}
-step=${2:?step: prompts, data, pack or stage4}
+step=${2:?step: prompts, data, pack, eval or stage4}
 root=$(cd "$(dirname "$0")/.." && pwd)
 eval_dir=${EVAL_DIR:-$root/../shared/data/eval}
 data=${DATA_DIR:-$root/training_data/smollm2-135m-instruct}
@@ -102,8 +105,21 @@ stage4)
         --eval_strategy steps --eval_steps 1000 --save_steps 200 --save_total_limit 2 --logging_steps 20 \
         --report_to none --seed 4 --output_dir "$work/dspark4" "${resume[@]}" >> "$work/dspark4.log" 2>&1
     ;;
+eval)
+    candidate=${CANDIDATE:?CANDIDATE=drafter folder to compare with the shipped drafter}
+    results=$root/benchmarks/results/smollm2-training/heldout-tau
+    outputs=$results/outputs.trace.json.gz
+    [[ -f "$outputs" ]] || { echo "no $outputs: trace the held-out sets first (scripts/campaign_eval.py)" >&2; exit 2; }
+    if [[ ! -f "$work/shipped.trace.json.gz" ]]; then
+        dspark-hf trace --outputs_from "$outputs" --threads 1 --output "$work/shipped.trace.json.gz"
+    fi
+    dspark-hf trace --outputs_from "$outputs" --drafter "$candidate" --threads 1 \
+        --output "$work/${NAME:-stage4}.trace.json.gz"
+    python "$root/scripts/campaign_eval.py" shipped="$work/shipped.trace.json.gz" \
+        "${NAME:-stage4}=$work/${NAME:-stage4}.trace.json.gz" --output "$results/${NAME:-stage4}"
+    ;;
 *)
-    echo "unknown step '$step': use prompts, data, pack or stage4" >&2
+    echo "unknown step '$step': use prompts, data, pack, eval or stage4" >&2
     exit 2
     ;;
 esac

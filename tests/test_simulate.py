@@ -227,7 +227,8 @@ def test_campaign_eval_reports_full_block_tau(models, trace, tmp_path, monkeypat
     trace.save(tmp_path / "a.json.gz")
     retrace(target, make_drafter(target, seed=2), trace).save(tmp_path / "b.json.gz")
     document = campaign_eval.main([f"a={tmp_path / 'a.json.gz'}", f"b={tmp_path / 'b.json.gz'}",
-                                   "--output", str(tmp_path / "out")])
+                                   "--output", str(tmp_path / "out"), "--save_outputs", str(tmp_path / "o.json.gz")])
+    assert retrace(target, models[1], Trace.load(tmp_path / "o.json.gz")).sequences == trace.sequences
     live = []
     for prompt in PROMPTS:  # the live full-block rounds of the first drafter
         live += _live_generate(target, models[1], prompt, "full")[1].rounds
