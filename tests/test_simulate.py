@@ -242,3 +242,20 @@ def test_campaign_eval_reports_full_block_tau(models, trace, tmp_path, monkeypat
     other.save(tmp_path / "c.json.gz")
     with pytest.raises(SystemExit, match="--outputs_from"):
         campaign_eval.main([f"a={tmp_path / 'a.json.gz'}", f"c={tmp_path / 'c.json.gz'}", "--output", str(tmp_path)])
+
+
+def test_trace_command_outputs_from(tmp_path):
+    from test_calibration import WORDS, _save_tiny_chat_target
+
+    from dspark_hf.simulation.trace import main as trace_main
+
+    target = _save_tiny_chat_target(tmp_path / "target")
+    make_drafter(target, block_size=3).save_pretrained(tmp_path / "drafter")
+    (tmp_path / "tiny.jsonl").write_text("".join(json.dumps({"turns": [" ".join(WORDS[i:i + 5])]}) + "\n"
+                                                 for i in range(0, 12, 4)))
+    common = ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"), "--max_new_tokens", "10"]
+    assert trace_main(common + ["--prompts", str(tmp_path / "tiny.jsonl"), "--output", str(tmp_path / "a.json.gz")]) == 0
+    assert trace_main(common + ["--outputs_from", str(tmp_path / "a.json.gz"), "--output", str(tmp_path / "b.json.gz")]) == 0
+    first, again = Trace.load(tmp_path / "a.json.gz"), Trace.load(tmp_path / "b.json.gz")
+    assert again.sequences == first.sequences and len(again.sequences) == 3
+    assert again.metadata["outputs_from"]["path"] == str(tmp_path / "a.json.gz")

@@ -304,8 +304,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                        "command": source.metadata.get("command"),
                                                        "dtype": source.metadata.get("dtype")}}
     path = trace.save(args.output)
-    anchors = sum(len(s.draft_ids) for s in sequences)
-    print(f"wrote {path}: {len(sequences)} generations, {anchors} anchors")
+    anchors = sum(len(s.draft_ids) for s in trace.sequences)
+    print(f"wrote {path}: {len(trace.sequences)} generations, {anchors} anchors")
     return 0
 
 
