@@ -84,7 +84,7 @@ data)
     ;;
 pack)
     for name in conv-v2 conv-v1; do
-        [[ -d "$work/$name" ]] && python "$root/scripts/pack_campaign_shards.py" "$work/$name" "$data/$name"
+        if [[ -d "$work/$name" ]]; then python "$root/scripts/pack_campaign_shards.py" "$work/$name" "$data/$name"; fi
     done
     ;;
 stage4)
