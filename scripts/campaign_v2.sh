@@ -41,7 +41,8 @@ unpack_prompts() {  # the committed prompt files into WORK_DIR
 
 # Shards of 256 prompts: prompts are sorted by length within a shard before batching, and with 256 (8 batches of 32)
 # 81% of the prefill is real tokens rather than left padding (52% with shards of 64), on the v2 prompts (94-700
-# tokens). Batches of 64: one decode step of the bf16 target on one thread (AMX Xeon, 300-token prompts) costs
+# tokens). Batches of 64: one decode step of the bf16 target on one thread (AMX Xeon, 300-token prompts;
+# scripts/profile_regeneration_batch.py) costs
 # 91 / 136 / 231 / 406 ms at 16 / 32 / 64 / 128 rows, 175 / 235 / 277 / 315 tokens/s; 64 rows keep the padding low.
 regenerate() {  # regenerate OUT PROMPT_FILE...: two one-thread workers over disjoint shares of the prompts
     local out=$1; shift
