@@ -56,8 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gsm8k", type=Path, required=True, help="the GSM8K eval file (lines 501-1100 are used)")
     parser.add_argument("--eval-dir", type=Path, required=True, help="folder of the evaluation jsonl files")
     parser.add_argument("--heldout-dir", type=Path, default=None,
-                        help="the held-out prompt sets: read when they exist (they stay fixed from machine to machine), "
-                             "else written here")
+                        help="the held-out prompt sets: read when they exist (they stay fixed from machine to "
+                             "machine), else written here")
     parser.add_argument("--rebuild-heldout", action="store_true",
                         help="write new held-out sets into --heldout-dir even where they exist")
     parser.add_argument("--exclude-prompts", type=Path, nargs="*", default=[],

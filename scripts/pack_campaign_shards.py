@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-
-DONE_SUFFIX = ".done.json"
+from dspark_hf.training.data import DONE_SUFFIX
 
 
 def pack(source: Path, destination: Path) -> list[str]:

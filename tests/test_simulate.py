@@ -101,7 +101,8 @@ def test_retrace_drafts_the_same_outputs_again(models, trace):
         reference = sequence.output_ids + sequence.continuation_ids
         for c, (block, accepted) in enumerate(zip(sequence.draft_ids, sequence.accept_lengths), start=1):
             assert block[:accepted] == reference[c:c + accepted]
-            assert accepted == len(block) or c + accepted >= len(reference) or block[accepted] != reference[c + accepted]
+            stopped = accepted == len(block) or c + accepted >= len(reference)
+            assert stopped or block[accepted] != reference[c + accepted]
 
 
 @pytest.mark.parametrize("spec", POLICIES)
@@ -254,8 +255,10 @@ def test_trace_command_outputs_from(tmp_path):
     (tmp_path / "tiny.jsonl").write_text("".join(json.dumps({"turns": [" ".join(WORDS[i:i + 5])]}) + "\n"
                                                  for i in range(0, 12, 4)))
     common = ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "drafter"), "--max_new_tokens", "10"]
-    assert trace_main(common + ["--prompts", str(tmp_path / "tiny.jsonl"), "--output", str(tmp_path / "a.json.gz")]) == 0
-    assert trace_main(common + ["--outputs_from", str(tmp_path / "a.json.gz"), "--output", str(tmp_path / "b.json.gz")]) == 0
+    first_run = ["--prompts", str(tmp_path / "tiny.jsonl"), "--output", str(tmp_path / "a.json.gz")]
+    assert trace_main(common + first_run) == 0
+    second_run = ["--outputs_from", str(tmp_path / "a.json.gz"), "--output", str(tmp_path / "b.json.gz")]
+    assert trace_main(common + second_run) == 0
     first, again = Trace.load(tmp_path / "a.json.gz"), Trace.load(tmp_path / "b.json.gz")
     assert again.sequences == first.sequences and len(again.sequences) == 3
     assert again.metadata["outputs_from"]["path"] == str(tmp_path / "a.json.gz")

@@ -173,9 +173,8 @@ def test_builder_names_a_missing_source(tmp_path, builder, capsys):
 @pytest.mark.skipif(shutil.which("man") is None, reason="renders man pages with man-db")
 def test_committed_heldout_sets_are_kept_and_kept_out(tmp_path, builder):
     options = _fake_machine(tmp_path)
-    first = [json.loads(line)["turns"][0]
-             for line in builder.main(["--out", str(tmp_path / "out")] + options) and
-             (tmp_path / "out" / "prompts.jsonl").read_text().splitlines()]
+    builder.main(["--out", str(tmp_path / "out")] + options)
+    first = [json.loads(line)["turns"][0] for line in (tmp_path / "out" / "prompts.jsonl").read_text().splitlines()]
     # Held-out sets built on another machine, which quote prompts this machine would train on
     heldout_dir = tmp_path / "heldout"
     heldout_dir.mkdir()
