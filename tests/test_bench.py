@@ -206,6 +206,19 @@ def test_fixed_length_policies_by_spec():
         build_methods(drafter=drafter, policies=["hardware_aware:x"], policy_kwargs=sps, prompt_lookup_num_tokens=None)
 
 
+def test_baseline_drafter_runs_the_same_policies_on_its_own_policy_objects():
+    target = make_target()
+    drafter, baseline = make_drafter(target), make_drafter(target, seed=5)
+    sps = {"hardware_aware": {"steps_per_second": {1: 10.0, 2: 9.0}}}
+    methods, skipped = build_methods(drafter=drafter, baseline_drafter=baseline, policies=["full", "hardware_aware"],
+                                     policy_kwargs=sps, prompt_lookup_num_tokens=None)
+    assert not skipped
+    rows = {m.name: m for m in methods}
+    assert list(rows) == ["target", "baseline_full", "baseline_hardware_aware", "dspark_full", "dspark_hardware_aware"]
+    assert rows["baseline_full"].drafter is baseline and rows["dspark_full"].drafter is drafter
+    assert rows["baseline_hardware_aware"].policy is not rows["dspark_hardware_aware"].policy
+
+
 def test_steps_per_second_profile_layouts(tmp_path):
     expected = {1: 10.0, 2: 4.0}
     for data in ({"1": 10.0, "2": 4.0}, [10.0, 4.0]):
@@ -247,7 +260,8 @@ def test_cli_writes_json_markdown_and_plots(prompt_files, tmp_path, monkeypatch)
     sps = tmp_path / "sps.json"
     sps.write_text(json.dumps({"1": 10.0, "2": 9.0, "3": 8.0}))
     output_dir = tmp_path / "out"
-    argv = ["--target", "tiny", "--drafter", "untrained", "--dflash-drafter", "untrained", "--prompts",
+    argv = ["--target", "tiny", "--drafter", "untrained", "--dflash-drafter", "untrained",
+            "--baseline-drafter", "untrained", "--policies", "full,threshold,hardware_aware", "--prompts",
             *map(str, prompt_files), "--limit", "1", "--max-new-tokens", "6", "--sps", str(sps),
             "--prompt-lookup-num-tokens", "3", "--output-dir", str(output_dir), "--no-progress"]
     assert bench_module.main(argv) == 0
@@ -256,7 +270,8 @@ def test_cli_writes_json_markdown_and_plots(prompt_files, tmp_path, monkeypatch)
     assert {"cpu_model", "cpu_count", "torch_threads"} <= set(results["machine"])
     assert {"torch", "transformers", "dspark_hf", "python"} <= set(results["versions"])
     methods = {m["name"] for m in results["methods"]}
-    assert methods == {"target", "prompt_lookup", "dflash", "dspark_full", "dspark_threshold", "dspark_hardware_aware"}
+    assert methods == {"target", "prompt_lookup", "dflash", "dspark_full", "dspark_threshold", "dspark_hardware_aware",
+                       "baseline_full", "baseline_threshold", "baseline_hardware_aware"}
     assert {r["category"] for r in results["records"]} == {"chat", "writing", "math"}
     assert all(r["identical"] for r in results["records"])
     summary = [row for row in results["summary"] if row["category"] == "all"]

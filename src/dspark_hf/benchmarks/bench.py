@@ -308,6 +308,10 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--drafter", help="DSpark drafter folder, 'untrained' (fresh from_target, for smoke tests) or "
                         "'none'; default: the drafter embedded for the target")
     models.add_argument("--dflash_drafter", help="markov_rank=0 drafter folder (DFlash ablation) or 'untrained'")
+    models.add_argument("--baseline_drafter",
+                        help="a second DSpark drafter folder for the same target, run with the same --policies "
+                             "(rows baseline_<policy>): compares two drafters, e.g. a new training stage with the "
+                             "shipped one, in one run")
     models.add_argument("--assistant", help="small draft model sharing the target's tokenizer (transformers' "
                         "assisted generation)")
     models.add_argument("--num_assistant_tokens", type=int, help="drafts per round for --assistant")
@@ -423,7 +427,8 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
     dtype = target_dtype(args.target_dtype, args.device)
     prompts = load_prompts(args.prompts, start=args.start, limit=args.limit)
     drafter_spec = args.drafter if args.drafter is not None else default_drafter(args.target)
-    for option, spec in (("--drafter", drafter_spec), ("--dflash_drafter", args.dflash_drafter)):
+    for option, spec in (("--drafter", drafter_spec), ("--dflash_drafter", args.dflash_drafter),
+                         ("--baseline_drafter", args.baseline_drafter)):
         if spec is not None and spec.lower() not in ("none", "untrained"):
             check_model_path(spec, option)  # before the target loads
     target, tokenizer = load_target(args.target, dtype=dtype, device=args.device)
@@ -435,6 +440,7 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
         policies=[name.strip() for name in args.policies.split(",") if name.strip()],
         policy_kwargs=_policy_kwargs(args, sps),
         dflash_drafter=load_drafter(args.dflash_drafter, target, args.device, draft_dtype, markov_rank=0),
+        baseline_drafter=load_drafter(args.baseline_drafter, target, args.device, draft_dtype),
         assistant=load_assistant(args.assistant, tokenizer, args.device, dtype) if args.assistant else None,
         num_assistant_tokens=args.num_assistant_tokens,
         prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,

@@ -7,7 +7,7 @@ Every method goes through the same `target.generate` call; only the keyword argu
 | `target` | plain greedy / sampling |
 | `assisted` | transformers' assisted generation with a small draft model sharing the target's tokenizer |
 | `prompt_lookup` | transformers' prompt lookup decoding (`prompt_lookup_num_tokens`) |
-| `dspark` | a [`DSparkDrafter`] as `assistant_model` with one verification policy (`dflash`: `markov_rank=0`) |
+| `dspark` | a [`DSparkDrafter`] as `assistant_model` with one verification policy (`dflash`: `markov_rank=0`; `baseline_<policy>`: a second drafter for the same target, e.g. the one a new training stage should beat) |
 
 Target forwards are counted with a forward pre-hook on the target, which also sees each forward's start position and
 length; from those, [`rounds_from_forward_calls`] recovers every round's verified and accepted drafts for methods that
@@ -47,7 +47,8 @@ class BenchMethod:
     """One decoding method.
 
     Attributes:
-        name: the row label in reports (`target`, `assisted`, `prompt_lookup`, `dflash`, `dspark_<policy>`).
+        name: the row label in reports (`target`, `assisted`, `prompt_lookup`, `dflash`, `dspark_<policy>`,
+            `baseline_<policy>`).
         kind: `target`, `assisted`, `prompt_lookup` or `dspark`.
         generate_kwargs: extra keyword arguments for `target.generate` (e.g. `assistant_model`).
         drafter: the DSpark drafter (kind `dspark` only); `policy` is set on it before every call, since several
@@ -125,6 +126,7 @@ def build_methods(
     policies: Sequence[str] = ("full",),
     policy_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     dflash_drafter: DSparkDrafter | None = None,
+    baseline_drafter: DSparkDrafter | None = None,
     assistant: PreTrainedModel | None = None,
     num_assistant_tokens: int | None = None,
     prompt_lookup_num_tokens: int | None = 10,
@@ -136,6 +138,8 @@ def build_methods(
         policy_kwargs (`Mapping[str, Mapping]`, *optional*): arguments per policy name, e.g.
             `{"threshold": {"threshold": 0.5}, "hardware_aware": {"steps_per_second": {1: 11.0, 2: 5.0}}}`.
         dflash_drafter ([`DSparkDrafter`], *optional*): a `markov_rank=0` drafter, run with the `full` policy.
+        baseline_drafter ([`DSparkDrafter`], *optional*): a second drafter for the same target, run with the same
+            policies as `drafter` (rows `baseline_<policy>`), so that two drafters are compared in one run.
         assistant ([`PreTrainedModel`], *optional*): a small draft model for transformers' assisted generation.
         num_assistant_tokens (`int`, *optional*): drafts per round for `assistant` (transformers' default otherwise).
         prompt_lookup_num_tokens (`int`, *optional*): drafts per round for prompt lookup; `None` or 0 skips it.
@@ -158,13 +162,14 @@ def build_methods(
         if dflash_drafter.config.markov_rank:
             logger.warning(f"The --dflash_drafter has markov_rank={dflash_drafter.config.markov_rank}; the DFlash "
                            "ablation is meant to be a drafter trained with markov_rank=0.")
-    for spec in policies if drafter is not None else ():
-        name, kwargs, label = _parse_policy_spec(spec, policy_kwargs or {})
-        policy, reason = resolve_policy(name, drafter, kwargs)
-        if policy is None:
-            skipped[f"dspark_{label}"] = reason
-        else:
-            methods.append(_dspark_method(f"dspark_{label}", drafter, policy))
+    for prefix, model in (("baseline", baseline_drafter), ("dspark", drafter)):
+        for spec in policies if model is not None else ():
+            name, kwargs, label = _parse_policy_spec(spec, policy_kwargs or {})
+            policy, reason = resolve_policy(name, model, kwargs)  # one policy object per drafter: policies keep state
+            if policy is None:
+                skipped[f"{prefix}_{label}"] = reason
+            else:
+                methods.append(_dspark_method(f"{prefix}_{label}", model, policy))
     return methods, skipped
 
 
