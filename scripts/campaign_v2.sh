@@ -19,7 +19,9 @@
 #            over the committed greedy outputs of the held-out sets (scripts/campaign_eval.py; no timing: it can run
 #            beside a training job), into benchmarks/results/smollm2-training/heldout-tau/NAME
 #   stage4   continues the shipped drafter over its own 8,192-id draft vocabulary on the committed shards; one epoch,
-#            or MAX_STEPS optimizer steps (a stage sized to a session, from the seconds per step in dspark4.log)
+#            or MAX_STEPS optimizer steps (a stage sized to a session, from the seconds per step in dspark4.log);
+#            a checkpoint every 200 steps (rerun to resume); EVAL_STRATEGY=no skips the in-training evaluation
+#            (64-sequence loss and 8 generated prompts every 1000 steps, ~5 min; the eval step judges the result)
 set -euo pipefail
 work=${1:?work dir}
 step=${2:?step: prompts, data, pack, eval or stage4}
@@ -103,7 +105,8 @@ stage4)
         --max_length 1024 --num_anchors 512 --per_device_train_batch_size 1 --gradient_accumulation_steps 4 \
         --learning_rate 2e-4 --lr_scheduler_type cosine --warmup_steps 0.02 --num_train_epochs 1 \
         --max_steps "${MAX_STEPS:--1}" \
-        --eval_strategy steps --eval_steps 1000 --save_steps 200 --save_total_limit 2 --logging_steps 20 \
+        --eval_strategy "${EVAL_STRATEGY:-steps}" --eval_steps 1000 --save_strategy steps --save_steps 200 \
+        --save_total_limit 2 --logging_steps 20 \
         --report_to none --seed 4 --output_dir "$work/dspark4" "${resume[@]}" >> "$work/dspark4.log" 2>&1
     ;;
 eval)
