@@ -7,11 +7,12 @@
 # material they are built from differs between machines, and the finished shards name prompts by their index), and
 # every finished shard of regenerated answers. The table of stages is benchmarks/results/smollm2-training/campaign.md.
 #
-# Usage: bash scripts/campaign_v2.sh WORK_DIR STEP     (STEP: prompts | data | pack | eval | stage4)
+# Usage: bash scripts/campaign_v2.sh WORK_DIR STEP     (STEP: prompts | data | pack | eval | stage4 | judge)
 #   prompts  the v1 prompt files (scripts/smollm2_prompts.py, what stages 1-3 used) and the v2 corpus
 #            (scripts/build_training_prompts.py: 30,000 prompts in seven domains, none overlapping the eval sets),
 #            built once and committed; later runs unpack the committed files
-#   data     regenerates the answers with the target, v2 first, then v1 again with 256 new tokens, into WORK_DIR after
+#   data     regenerates the answers with the target, v2 first (its first 28,000 prompts; the last 2,000 are held back
+#            for calibration), then v1 again with 256 new tokens, into WORK_DIR after
 #            the shards DATA_DIR holds; two workers of one thread each (more tokens per CPU-second than one process on
 #            two threads)
 #   pack     copies the finished shards into DATA_DIR, compact (scripts/pack_campaign_shards.py), to commit
@@ -22,13 +23,18 @@
 #            or MAX_STEPS optimizer steps (a stage sized to a session, from the seconds per step in dspark4.log);
 #            a checkpoint every 200 steps (rerun to resume); EVAL_STRATEGY=no skips the in-training evaluation
 #            (64-sequence loss and 8 generated prompts every 1000 steps, ~5 min; the eval step judges the result)
+#   judge    CANDIDATE=DIR [NAME=stage4]: recalibrates CANDIDATE (STS, 96 of the held-back v2 prompts) into
+#            WORK_DIR/NAME-cal, then benchmarks it against the shipped drafter in one run (same policies, target in
+#            bf16 where native, 6 prompts each of gsm8k, humaneval and mt-bench, 256 new tokens) into
+#            benchmarks/results/smollm2-training/stage-bench/NAME; run it on an otherwise idle machine
 set -euo pipefail
 work=${1:?work dir}
-step=${2:?step: prompts, data, pack, eval or stage4}
+step=${2:?step: prompts, data, pack, eval, stage4 or judge}
 root=$(cd "$(dirname "$0")/.." && pwd)
 eval_dir=${EVAL_DIR:-$root/../shared/data/eval}
 data=${DATA_DIR:-$root/training_data/smollm2-135m-instruct}
 prompt_files=(prompts-v1/prompts prompts-v1/extra prompts-v1/code3 prompts-v2/prompts)
+train_prompts=28000
 mkdir -p "$work" "$data"
 
 unpack_prompts() {  # the committed prompt files into WORK_DIR
@@ -39,6 +45,11 @@ unpack_prompts() {  # the committed prompt files into WORK_DIR
             xz -dc "$data/$name.jsonl.xz" > "$work/$name.jsonl"
         fi
     done
+    # The v2 corpus's last 2,000 prompts (shuffled, all seven domains) are never regenerated for training: every 16th
+    # of them is the calibration set of each stage (STS, the judge step). Training reads the first 28,000 lines, so a
+    # prompt keeps its index (the finished shards name prompts by index).
+    head -n "$train_prompts" "$work/prompts-v2/prompts.jsonl" > "$work/prompts-v2/train.jsonl"
+    sed -n "$((train_prompts + 1))~16p" "$work/prompts-v2/prompts.jsonl" > "$work/prompts-v2/calibration.jsonl"
 }
 
 # Shards of 256 prompts: prompts are sorted by length within a shard before batching, and with 256 (8 batches of 32)
@@ -82,7 +93,7 @@ prompts)
     ;;
 data)
     unpack_prompts
-    regenerate "$work/conv-v2" "$work/prompts-v2/prompts.jsonl"
+    regenerate "$work/conv-v2" "$work/prompts-v2/train.jsonl"
     regenerate "$work/conv-v1" "$work"/prompts-v1/{prompts,extra,code3}.jsonl
     ;;
 pack)
@@ -122,8 +133,24 @@ eval)
     python "$root/scripts/campaign_eval.py" shipped="$work/shipped.trace.json.gz" \
         "${NAME:-stage4}=$work/${NAME:-stage4}.trace.json.gz" --output "$results/${NAME:-stage4}"
     ;;
+judge)
+    candidate=${CANDIDATE:?CANDIDATE=drafter folder to compare with the shipped drafter}
+    name=${NAME:-stage4}
+    shipped=$root/src/dspark_hf/drafters/dspark-smollm2-135m-instruct
+    unpack_prompts
+    if [[ ! -f "$work/$name-cal/calibration_report.json" ]]; then
+        dspark-hf calibrate --drafter "$candidate" --prompts "$work/prompts-v2/calibration.jsonl" \
+            --num_prompts "${CALIBRATION_PROMPTS:-96}" --max_new_tokens 128 --output_dir "$work/$name-cal" \
+            > "$work/$name-cal.log" 2>&1
+    fi
+    prompts=()
+    for set in gsm8k humaneval mt-bench; do prompts+=("$eval_dir/$set.jsonl"); done
+    dspark-hf bench --drafter "$work/$name-cal" --baseline_drafter "$shipped" --policies full,hardware_aware \
+        --target_dtype auto --prompts "${prompts[@]}" --limit "${BENCH_PROMPTS:-6}" --max_new_tokens 256 \
+        --output_dir "$root/benchmarks/results/smollm2-training/stage-bench/$name" --no_progress
+    ;;
 *)
-    echo "unknown step '$step': use prompts, data, pack, eval or stage4" >&2
+    echo "unknown step '$step': use prompts, data, pack, eval, stage4 or judge" >&2
     exit 2
     ;;
 esac
