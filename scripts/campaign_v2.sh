@@ -7,7 +7,7 @@
 # material they are built from differs between machines, and the finished shards name prompts by their index), and
 # every finished shard of regenerated answers. The table of stages is benchmarks/results/smollm2-training/campaign.md.
 #
-# Usage: bash scripts/campaign_v2.sh WORK_DIR STEP     (STEP: prompts | data | pack | eval | stage4 | judge)
+# Usage: bash scripts/campaign_v2.sh WORK_DIR STEP     (STEP: prompts | data | pack | train | eval | judge)
 #   prompts  the v1 prompt files (scripts/smollm2_prompts.py, what stages 1-3 used) and the v2 corpus
 #            (scripts/build_training_prompts.py: 30,000 prompts in seven domains, none overlapping the eval sets),
 #            built once and committed; later runs unpack the committed files
@@ -19,9 +19,12 @@
 #   eval     CANDIDATE=DIR [NAME=stage4]: held-out full-block tau of the shipped drafter and CANDIDATE, teacher-forced
 #            over the committed greedy outputs of the held-out sets (scripts/campaign_eval.py; no timing: it can run
 #            beside a training job), into benchmarks/results/smollm2-training/heldout-tau/NAME
-#   stage4   continues the shipped drafter over its own 8,192-id draft vocabulary on the committed shards; one epoch,
-#            or MAX_STEPS optimizer steps (a stage sized to a session, from the seconds per step in dspark4.log);
-#            a checkpoint every 200 steps (rerun to resume); EVAL_STRATEGY=no skips the in-training evaluation
+#   train    [STAGE=4] [FROM=DIR]: trains stage STAGE from the drafter of the stage before it (stage 4: the shipped
+#            drafter; later: DATA_DIR/stages/stage<STAGE-1>, committed) over its own 8,192-id draft vocabulary on the
+#            committed shards into WORK_DIR/dspark<STAGE>, and saves the result compact in DATA_DIR/stages/stage<STAGE>
+#            (commit it); one epoch, or MAX_STEPS optimizer steps (a stage sized to a session: the cosine schedule
+#            spans MAX_STEPS, so keep MAX_STEPS when resuming), a checkpoint every 200 steps (rerun to resume);
+#            `stage4` is the same step; EVAL_STRATEGY=no skips the in-training evaluation
 #            (64-sequence loss and 8 generated prompts every 1000 steps, ~5 min; the eval step judges the result)
 #   judge    CANDIDATE=DIR [NAME=stage4]: recalibrates CANDIDATE (STS, 96 of the held-back v2 prompts) into
 #            WORK_DIR/NAME-cal, then benchmarks it against the shipped drafter in one run (same policies, target in
@@ -29,7 +32,7 @@
 #            benchmarks/results/smollm2-training/stage-bench/NAME; run it on an otherwise idle machine
 set -euo pipefail
 work=${1:?work dir}
-step=${2:?step: prompts, data, pack, eval, stage4 or judge}
+step=${2:?step: prompts, data, pack, train, eval or judge}
 root=$(cd "$(dirname "$0")/.." && pwd)
 eval_dir=${EVAL_DIR:-$root/../shared/data/eval}
 data=${DATA_DIR:-$root/training_data/smollm2-135m-instruct}
@@ -38,6 +41,7 @@ train_prompts=28000
 mkdir -p "$work" "$data"
 
 unpack_prompts() {  # the committed prompt files into WORK_DIR
+    local name
     for name in "${prompt_files[@]}"; do
         if [[ ! -f "$work/$name.jsonl" ]]; then
             [[ -f "$data/$name.jsonl.xz" ]] || { echo "no $data/$name.jsonl.xz: run the prompts step first" >&2; exit 2; }
@@ -101,24 +105,34 @@ pack)
         if [[ -d "$work/$name" ]]; then python "$root/scripts/pack_campaign_shards.py" "$work/$name" "$data/$name"; fi
     done
     ;;
-stage4)
+stage4|train)
+    stage=${STAGE:-4}
+    from=${FROM:-$root/src/dspark_hf/drafters/dspark-smollm2-135m-instruct}
+    if [[ -z ${FROM:-} && $stage -gt 4 ]]; then from=$data/stages/stage$((stage - 1)); fi
+    [[ -f "$from/config.json" ]] || { echo "no drafter at $from: set FROM=DIR" >&2; exit 2; }
+    out=$work/dspark$stage
     bf16=$(python -c "import torch; from dspark_hf.models import target_dtype; print('--bf16' if target_dtype('auto') == torch.bfloat16 else '')")
     resume=() train_data=()
     for name in conv-v2 conv-v1; do
         if compgen -G "$data/$name/*.parquet" > /dev/null; then train_data+=("$data/$name"); fi
     done
-    if compgen -G "$work/dspark4/checkpoint-*" > /dev/null; then
-        resume=(--resume_from_checkpoint "$(ls -d "$work"/dspark4/checkpoint-* | sort -t- -k2 -n | tail -1)")
+    if compgen -G "$out/checkpoint-*" > /dev/null; then
+        resume=(--resume_from_checkpoint "$(ls -d "$out"/checkpoint-* | sort -t- -k2 -n | tail -1)")
     fi
     OMP_NUM_THREADS=2 dspark-hf train --target smollm2-135m-instruct --target_dtype auto $bf16 \
-        --drafter "$root/src/dspark_hf/drafters/dspark-smollm2-135m-instruct" \
+        --drafter "$from" \
         --train_data "${train_data[@]}" --eval_split_size 64 --tau_eval_prompts 8 \
         --max_length 1024 --num_anchors 512 --per_device_train_batch_size 1 --gradient_accumulation_steps 4 \
-        --learning_rate 2e-4 --lr_scheduler_type cosine --warmup_steps 0.02 --num_train_epochs 1 \
+        --learning_rate "${LR:-2e-4}" --lr_scheduler_type cosine --warmup_steps 0.02 --num_train_epochs 1 \
         --max_steps "${MAX_STEPS:--1}" \
         --eval_strategy "${EVAL_STRATEGY:-steps}" --eval_steps 1000 --save_strategy steps --save_steps 200 \
         --save_total_limit 2 --logging_steps 20 \
-        --report_to none --seed 4 --output_dir "$work/dspark4" "${resume[@]}" >> "$work/dspark4.log" 2>&1
+        --report_to none --seed "$stage" --output_dir "$out" "${resume[@]}" >> "$out.log" 2>&1
+    # what the next stage starts from, committed: compact bf16 weights (the embedding and LM head come from the target)
+    python -c "import sys, torch; from dspark_hf import DSparkDrafter; from dspark_hf.models import load_target
+target, _ = load_target()
+DSparkDrafter.from_pretrained(sys.argv[1], target=target, dtype=torch.float32).to(torch.bfloat16).save_compact(sys.argv[2])" \
+        "$out" "$data/stages/stage$stage"
     ;;
 eval)
     candidate=${CANDIDATE:?CANDIDATE=drafter folder to compare with the shipped drafter}
@@ -128,7 +142,7 @@ eval)
     if [[ ! -f "$work/shipped.trace.json.gz" ]]; then
         dspark-hf trace --outputs_from "$outputs" --threads 1 --output "$work/shipped.trace.json.gz"
     fi
-    dspark-hf trace --outputs_from "$outputs" --drafter "$candidate" --threads 1 \
+    dspark-hf trace --outputs_from "$outputs" --drafter "$candidate" --threads "${THREADS:-1}" \
         --output "$work/${NAME:-stage4}.trace.json.gz"
     python "$root/scripts/campaign_eval.py" shipped="$work/shipped.trace.json.gz" \
         "${NAME:-stage4}=$work/${NAME:-stage4}.trace.json.gz" --output "$results/${NAME:-stage4}"
@@ -145,12 +159,12 @@ judge)
     fi
     prompts=()
     for set in gsm8k humaneval mt-bench; do prompts+=("$eval_dir/$set.jsonl"); done
-    dspark-hf bench --drafter "$work/$name-cal" --baseline_drafter "$shipped" --policies full,hardware_aware \
+    dspark-hf bench --drafter "$work/$name-cal" --baseline_drafter "$shipped" --policies "${POLICIES:-full,hardware_aware}" \
         --target_dtype auto --prompts "${prompts[@]}" --limit "${BENCH_PROMPTS:-6}" --max_new_tokens 256 \
         --output_dir "$root/benchmarks/results/smollm2-training/stage-bench/$name" --no_progress
     ;;
 *)
-    echo "unknown step '$step': use prompts, data, pack, eval, stage4 or judge" >&2
+    echo "unknown step '$step': use prompts, data, pack, train, eval or judge" >&2
     exit 2
     ;;
 esac
