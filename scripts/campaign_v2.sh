@@ -157,11 +157,14 @@ judge)
             --num_prompts "${CALIBRATION_PROMPTS:-96}" --max_new_tokens 128 --output_dir "$work/$name-cal" \
             > "$work/$name-cal.log" 2>&1
     fi
+    results=$root/benchmarks/results/smollm2-training/stage-bench/$name
+    mkdir -p "$results"
+    cp "$work/$name-cal"/calibration_{report.json,reliability.png} "$results"/
     prompts=()
     for set in gsm8k humaneval mt-bench; do prompts+=("$eval_dir/$set.jsonl"); done
     dspark-hf bench --drafter "$work/$name-cal" --baseline_drafter "$shipped" --policies "${POLICIES:-full,hardware_aware}" \
         --target_dtype auto --prompts "${prompts[@]}" --limit "${BENCH_PROMPTS:-6}" --max_new_tokens 256 \
-        --output_dir "$root/benchmarks/results/smollm2-training/stage-bench/$name" --no_progress
+        --output_dir "$results" --no_progress
     ;;
 *)
     echo "unknown step '$step': use prompts, data, pack, train, eval or judge" >&2
