@@ -219,6 +219,24 @@ def test_baseline_drafter_runs_the_same_policies_on_its_own_policy_objects():
     assert rows["baseline_hardware_aware"].policy is not rows["dspark_hardware_aware"].policy
 
 
+def test_lookup_suffix_adds_prompt_lookup_inside_dspark_rounds():
+    target = make_target()
+    drafter = make_drafter(target, block_size=3)
+    methods, skipped = build_methods(drafter=drafter, policies=["full", "fixed:1+lookup"], prompt_lookup_num_tokens=6)
+    assert not skipped
+    rows = {m.name: m for m in methods}
+    assert list(rows) == ["target", "prompt_lookup", "dspark_full", "dspark_fixed1_lookup"]
+    assert "prompt_lookup_num_tokens" not in rows["dspark_full"].generate_kwargs
+    assert rows["dspark_fixed1_lookup"].generate_kwargs["prompt_lookup_num_tokens"] == 6
+    input_ids = torch.tensor([[5, 17, 33, 8, 5, 17, 33, 8, 5, 17]])
+    expected = measure_generation(target, input_ids, rows["target"], generation_kwargs("greedy", 24, 0))
+    measured = measure_generation(target, input_ids, rows["dspark_fixed1_lookup"], generation_kwargs("greedy", 24, 0))
+    assert measured.new_token_ids == expected.new_token_ids
+    assert measured.rounds[1:] == measured.dspark_rounds  # lookup rounds are counted like drafted ones
+    with pytest.raises(ValueError, match=r"only addition to a policy is '\+lookup'"):
+        build_methods(drafter=drafter, policies=["full+ngram"], prompt_lookup_num_tokens=None)
+
+
 def test_steps_per_second_profile_layouts(tmp_path):
     expected = {1: 10.0, 2: 4.0}
     for data in ({"1": 10.0, "2": 4.0}, [10.0, 4.0]):

@@ -52,25 +52,25 @@ POLICIES = {
 }
 
 
-def _next_token_probs(target, prefix: list[int]) -> torch.Tensor:
+def _next_token_probs(target, prefix: list[int], prompt: torch.Tensor = PROMPT) -> torch.Tensor:
     with torch.no_grad():
-        return target(torch.cat([PROMPT, torch.tensor([prefix], dtype=torch.long)], dim=1)).logits[0, -1].softmax(-1)
+        return target(torch.cat([prompt, torch.tensor([prefix], dtype=torch.long)], dim=1)).logits[0, -1].softmax(-1)
 
 
-def _exact_distribution(target) -> torch.Tensor:
+def _exact_distribution(target, prompt: torch.Tensor = PROMPT) -> torch.Tensor:
     """P(x2, x3) = sum over x1 of p(x1) p(x2 | x1) p(x3 | x1, x2), flattened to VOCAB * VOCAB cells."""
-    first = _next_token_probs(target, [])
+    first = _next_token_probs(target, [], prompt)
     probs = torch.zeros(VOCAB, VOCAB)
     for x1 in range(VOCAB):
-        second = _next_token_probs(target, [x1])
+        second = _next_token_probs(target, [x1], prompt)
         for x2 in range(VOCAB):
-            probs[x2] += first[x1] * second[x2] * _next_token_probs(target, [x1, x2])
+            probs[x2] += first[x1] * second[x2] * _next_token_probs(target, [x1, x2], prompt)
     return probs.flatten()
 
 
-def _samples_from_generate(target, drafter):
-    out = target.generate(PROMPT, assistant_model=drafter, **GEN)
-    return [out[0, PROMPT.shape[1] + 1 : PROMPT.shape[1] + 3].tolist()]
+def _samples_from_generate(target, drafter, prompt: torch.Tensor = PROMPT, **kwargs):
+    out = target.generate(prompt, attention_mask=torch.ones_like(prompt), assistant_model=drafter, **GEN, **kwargs)
+    return [out[0, prompt.shape[1] + 1 : prompt.shape[1] + 3].tolist()]
 
 
 def _samples_from_batch(target, drafter, rows: int = BATCH_ROWS):
@@ -92,13 +92,13 @@ def _recipe_sampler(recipe, folder, threshold: float):
     return sampler
 
 
-def _chi_square(target, drafter, seed: int, sampler=_samples_from_generate) -> float:
+def _chi_square(target, drafter, seed: int, sampler=_samples_from_generate, prompt: torch.Tensor = PROMPT) -> float:
     torch.manual_seed(seed)
     counts = torch.zeros(VOCAB * VOCAB)
     while counts.sum() < NUM_SAMPLES:
         for a, b in sampler(target, drafter):
             counts[a * VOCAB + b] += 1
-    expected = _exact_distribution(target) * counts.sum()
+    expected = _exact_distribution(target, prompt) * counts.sum()
     keep = expected > 5  # pool rare cells, as usual for chi-square
     observed = torch.cat([counts[keep], counts[~keep].sum()[None]])
     expected = torch.cat([expected[keep], expected[~keep].sum()[None]])
@@ -162,6 +162,33 @@ def test_reduced_vocabulary_fixed_length_sampling_follows_the_target_distributio
     drafted = {t for r in drafter.generation_stats.rounds for t in (r.draft_ids or [])}
     assert drafted and drafted <= {0, 2, 3, 5}
     assert drafter.generation_stats.rounds[0].verified == 1
+    assert statistic < _critical_value(cells), (statistic, cells)
+    lossless_cases["sampling"] += NUM_SAMPLES
+
+
+# Every bigram "3 x" occurs in the prompt, followed by 5: after the prefill samples x1, the first round always finds a
+# lookup continuation ("5 3 x1 5 ..."), which the target verifies by sampling its own tokens.
+LOOKUP_PROMPT = torch.tensor([[3, 0, 5, 3, 1, 5, 3, 2, 5, 3, 3, 5, 3, 4, 5, 3, 5, 5, 3]])
+
+
+@pytest.mark.parametrize("policy", ["full", "hardware_aware"])
+def test_prompt_lookup_rounds_sampling_follows_the_target_distribution(policy, lossless_cases):
+    """`prompt_lookup_num_tokens` with a DSpark drafter: lookup drafts (a deterministic proposal) are verified by
+    transformers' sampling match, drafter blocks by speculative sampling, in one generation."""
+    target, drafter = _models()
+    drafter.verification_policy = {"full": FullBlockPolicy, "hardware_aware": lambda: HardwareAwarePolicy(
+        {1: 1.0, 2: 0.95, 3: 0.9, 4: 0.85}, draft_seconds=0.0)}[policy]()
+    accepted = {"lookup": 0, "drafter": 0}
+
+    def sampler(target, drafter):
+        samples = _samples_from_generate(target, drafter, LOOKUP_PROMPT, prompt_lookup_num_tokens=2)
+        for r in drafter.generation_stats.rounds:
+            accepted[r.source] += r.accepted
+        return samples
+
+    statistic, cells = _chi_square(target, drafter, seed=5, sampler=sampler, prompt=LOOKUP_PROMPT)
+    assert accepted["lookup"] > 0, accepted  # lookup drafts were verified and accepted, and so were the drafter's
+    assert policy == "hardware_aware" or accepted["drafter"] > 0, accepted
     assert statistic < _critical_value(cells), (statistic, cells)
     lossless_cases["sampling"] += NUM_SAMPLES
 

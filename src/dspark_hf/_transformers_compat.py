@@ -150,6 +150,12 @@ def _make_assisted_decoding(original):
                             streamer, inputs_tensor, assistant_model, *args, **model_kwargs)
         from .generation.batched import generate_batch
 
+        if generation_config.prompt_lookup_num_tokens:
+            raise ValueError(
+                f"prompt_lookup_num_tokens={generation_config.prompt_lookup_num_tokens} with a DSpark drafter runs at "
+                f"batch size 1, got a batch of {input_ids.shape[0]}: drop prompt_lookup_num_tokens for batched "
+                "generation, or generate one prompt at a time."
+            )
         unsupported = [type(c).__name__ for c in stopping_criteria if type(c).__name__ not in _SUPPORTED_STOPPING]
         if unsupported or streamer is not None or generation_config.return_dict_in_generate:
             raise ValueError(

@@ -320,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--policies", default="full,threshold,hardware_aware",
                         help="comma-separated DSpark verification policies; fixed:K verifies K drafts per round, "
                         "hardware_aware:W sets its plan_smoothing to W (default 0.5; hardware_aware:0 is the "
-                        "production scheduler's last-round plan) "
+                        "production scheduler's last-round plan); POLICY+lookup adds prompt lookup inside DSpark "
+                        "rounds (e.g. hardware_aware+lookup; --prompt_lookup_num_tokens drafts at most) "
                         "(default: %(default)s)")
     models.add_argument("--threshold", type=float, default=0.5, help="confidence threshold of the threshold policy")
     models.add_argument("--sps", help="steps-per-second profile JSON from `dspark-hf profile` (hardware_aware); "

@@ -7,7 +7,7 @@ Every method goes through the same `target.generate` call; only the keyword argu
 | `target` | plain greedy / sampling |
 | `assisted` | transformers' assisted generation with a small draft model sharing the target's tokenizer |
 | `prompt_lookup` | transformers' prompt lookup decoding (`prompt_lookup_num_tokens`) |
-| `dspark` | a [`DSparkDrafter`] as `assistant_model` with one verification policy (`dflash`: `markov_rank=0`; `baseline_<policy>`: a second drafter for the same target, e.g. the one a new training stage should beat) |
+| `dspark` | a [`DSparkDrafter`] as `assistant_model` with one verification policy (`dflash`: `markov_rank=0`; `baseline_<policy>`: a second drafter for the same target, e.g. the one a new training stage should beat; `<policy>+lookup`: with prompt lookup inside DSpark rounds, label `dspark_<policy>_lookup`) |
 
 Target forwards are counted with a forward pre-hook on the target, which also sees each forward's start position and
 length; from those, [`rounds_from_forward_calls`] recovers every round's verified and accepted drafts for methods that
@@ -164,12 +164,18 @@ def build_methods(
                            "ablation is meant to be a drafter trained with markov_rank=0.")
     for prefix, model in (("baseline", baseline_drafter), ("dspark", drafter)):
         for spec in policies if model is not None else ():
+            spec, plus, extra = spec.partition("+")
+            if plus and extra != "lookup":
+                raise ValueError(f"Policy {spec + plus + extra!r}: the only addition to a policy is '+lookup' "
+                                 "(prompt lookup inside DSpark rounds), e.g. hardware_aware+lookup.")
             name, kwargs, label = _parse_policy_spec(spec, policy_kwargs or {})
+            label += "_lookup" if plus else ""
             policy, reason = resolve_policy(name, model, kwargs)  # one policy object per drafter: policies keep state
             if policy is None:
                 skipped[f"{prefix}_{label}"] = reason
             else:
-                methods.append(_dspark_method(f"{prefix}_{label}", model, policy))
+                methods.append(_dspark_method(f"{prefix}_{label}", model, policy,
+                                              lookup_tokens=(prompt_lookup_num_tokens or 10) if plus else None))
     return methods, skipped
 
 
@@ -195,11 +201,15 @@ def _parse_policy_spec(spec: str, policy_kwargs: Mapping[str, Mapping[str, Any]]
     return name, kwargs, name
 
 
-def _dspark_method(name: str, drafter: DSparkDrafter, policy: policy_module.VerificationPolicy) -> BenchMethod:
+def _dspark_method(name: str, drafter: DSparkDrafter, policy: policy_module.VerificationPolicy,
+                   lookup_tokens: int | None = None) -> BenchMethod:
     config = drafter.config
     details = {"policy": repr(policy), "block_size": config.block_size, "markov_rank": config.markov_rank,
                "num_hidden_layers": config.num_hidden_layers, "drafter": getattr(drafter, "name_or_path", "")}
-    return BenchMethod(name, "dspark", {"assistant_model": drafter}, drafter=drafter, policy=policy, details=details)
+    kwargs = {"assistant_model": drafter}
+    if lookup_tokens:  # prompt lookup inside DSpark rounds (generation/lookup.py)
+        kwargs["prompt_lookup_num_tokens"] = details["prompt_lookup_num_tokens"] = lookup_tokens
+    return BenchMethod(name, "dspark", kwargs, drafter=drafter, policy=policy, details=details)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

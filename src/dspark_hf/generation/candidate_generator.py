@@ -11,7 +11,10 @@ Each round (docs/design.md, "Forward pass"):
    sampling (or greedy matching) verifies exactly the distribution the drafts were drawn from.
 
 A policy may skip the drafter for a round (`VerificationPolicy.begin_round`): the target then decodes one token and
-the new target features wait in a buffer until the next drafted round appends them to the drafter's context.
+the new target features wait in a buffer until the next drafted round appends them to the drafter's context. With
+`prompt_lookup_num_tokens` set in the call, a round whose last n-gram occurred earlier in the sequence verifies the
+continuation found there instead (`generation/lookup.py`); its features wait in the same buffer, and the policy does not
+see the round.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from transformers.generation.candidate_generator import CandidateGenerator
 
 from ..modeling_dspark import DSparkDrafter
 from .drafting import DraftedBlock, block_inputs, sample_drafts
+from .lookup import PromptLookup
 from .policies import VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
 from .verification_policy import RoundOutcome
@@ -80,6 +84,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self._pending_round: DSparkRoundStats | None = None
         self._pending_outcome: RoundOutcome | None = None
         self._observed: list[float] | None = None  # the confidences of the last observed round
+        self.lookup = _prompt_lookup(generation_config)
         drafter.generation_stats = self.stats
 
     @property
@@ -100,6 +105,14 @@ class DSparkCandidateGenerator(CandidateGenerator):
         # The first call precedes the target's prefill: nothing to draft from yet, so the target decodes one token.
         if is_first_iteration:
             return input_ids, None
+        if self.lookup is not None:
+            found = self.lookup.candidates(input_ids, self.max_length - input_ids.shape[1] - 1,
+                                           getattr(self.policy, "steps_per_second", None))
+            if found.numel():
+                self._defer_features(input_ids, model_outputs)
+                self._pending_round = DSparkRoundStats(confidences=[], verified=found.numel(), drafted=False,
+                                                       draft_ids=found.tolist(), source="lookup")
+                return torch.cat([input_ids, found[None].to(input_ids.dtype)], dim=-1), None
         if not self.policy.begin_round([self._observed], self.config.block_size):
             self._defer_features(input_ids, model_outputs)
             self._pending_round = DSparkRoundStats(confidences=[], verified=0, drafted=False)
@@ -123,8 +136,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         if self._pending_round is not None:
             self._pending_round.accepted = int(num_matches)
-            self._pending_outcome.accepted = [int(num_matches)]
-            self.policy.end_round(self._pending_outcome)
+            if self._pending_round.source == "lookup":
+                self.lookup.record(self._pending_round.verified, int(num_matches))
+            else:
+                self._pending_outcome.accepted = [int(num_matches)]
+                self.policy.end_round(self._pending_outcome)
             self.stats.rounds.append(self._pending_round)
             self._pending_round = self._pending_outcome = None
 
@@ -197,6 +213,15 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 "outside of generate (a pre-filled cache)? Pass the whole prompt instead."
             )
         return torch.cat([layer[:, :num_new] for layer in layers], dim=-1)
+
+
+def _prompt_lookup(generation_config: GenerationConfig) -> PromptLookup | None:
+    """Lookup drafts for the rounds where they exist, when the call sets transformers' `prompt_lookup_num_tokens`."""
+    if not generation_config.prompt_lookup_num_tokens:
+        return None
+    eos = generation_config._eos_token_tensor
+    return PromptLookup(generation_config.prompt_lookup_num_tokens, generation_config.max_matching_ngram_size or 3,
+                        [] if eos is None else eos.flatten().tolist())
 
 
 def _check_inputs(input_ids: torch.LongTensor, model_kwargs: dict[str, Any]) -> None:

@@ -16,8 +16,10 @@ class DSparkRoundStats:
         confidence_logits: raw (uncalibrated) confidence logits z_k matching `confidences` (for calibration).
         draft_ids: the verified drafts (tells an accepted EOS, which transformers counts as not accepted, from a
             rejection).
-        drafted: `False` for a round where the policy skipped the drafter (plain decoding: no drafts, no
-            confidences).
+        drafted: `False` for a round where the drafter did not run: the policy skipped it (plain decoding: no drafts,
+            no confidences), or prompt lookup supplied the drafts.
+        source: where the verified drafts came from: `"drafter"`, or `"lookup"` (prompt lookup, see
+            `generation/lookup.py`).
     """
 
     confidences: list[float]
@@ -26,6 +28,7 @@ class DSparkRoundStats:
     confidence_logits: list[float] = field(default_factory=list)
     draft_ids: list[int] = field(default_factory=list)
     drafted: bool = True
+    source: str = "drafter"
 
 
 @dataclass
@@ -41,8 +44,14 @@ class DSparkGenerationStats:
 
     @property
     def skipped_rounds(self) -> int:
-        """Rounds decoded without running the drafter (the policy judged drafting not worth its cost)."""
+        """Rounds decoded without running the drafter (the policy judged drafting not worth its cost, or prompt lookup
+        supplied the drafts)."""
         return sum(not r.drafted for r in self.rounds)
+
+    @property
+    def lookup_rounds(self) -> int:
+        """Rounds that verified prompt-lookup drafts instead of the drafter's."""
+        return sum(r.source == "lookup" for r in self.rounds)
 
     @property
     def drafted(self) -> int:
@@ -72,10 +81,10 @@ class DSparkGenerationStats:
         return self.accepted / self.verified if self.verified else 0.0
 
     def acceptance_by_position(self) -> list[float]:
-        """For each slot k: P(draft k accepted | drafts < k accepted and draft k verified)."""
+        """For each slot k: P(draft k accepted | drafts < k accepted and draft k verified), over the drafter's rounds."""
         rates = []
         for k in range(1, self.block_size + 1):
-            reached = [r for r in self.rounds if r.verified >= k and r.accepted >= k - 1]
+            reached = [r for r in self.rounds if r.source == "drafter" and r.verified >= k and r.accepted >= k - 1]
             rates.append(sum(r.accepted >= k for r in reached) / len(reached) if reached else float("nan"))
         return rates
 
@@ -83,6 +92,7 @@ class DSparkGenerationStats:
         return {
             "rounds": self.num_rounds,
             "skipped_rounds": self.skipped_rounds,
+            "lookup_rounds": self.lookup_rounds,
             "drafted": self.drafted,
             "verified": self.verified,
             "accepted": self.accepted,

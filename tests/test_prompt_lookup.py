@@ -1,0 +1,104 @@
+"""Prompt lookup inside DSpark rounds (`prompt_lookup_num_tokens` with a DSpark drafter): where lookup drafts come from,
+how many are verified, and that greedy output stays the target's own. Sampling: tests/test_sampling_exact.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import left_pad, make_drafter, make_target
+from dspark_hf.generation.lookup import PromptLookup, find_continuation
+from dspark_hf.generation.policies import FixedLengthPolicy, HardwareAwarePolicy
+
+
+def test_find_continuation_takes_the_latest_occurrence_of_the_longest_suffix():
+    ids = torch.tensor([7, 5, 6, 1, 2, 8, 5, 6, 3, 4, 7, 5, 6])
+    assert find_continuation(ids, 2, max_ngram=2).tolist() == [3, 4]  # "5 6": the latest earlier occurrence
+    assert find_continuation(ids, 2, max_ngram=3).tolist() == [1, 2]  # "7 5 6" occurred only at the start
+    assert find_continuation(ids, 10, max_ngram=3).tolist() == [1, 2, 8, 5, 6, 3, 4, 7, 5, 6]
+
+
+def test_find_continuation_needs_two_matching_tokens():
+    assert find_continuation(torch.tensor([4, 9, 1, 4]), 3).numel() == 0  # "4" alone recurs: not a match
+    assert find_continuation(torch.tensor([4, 9, 1, 2, 4, 9]), 3).tolist() == [1, 2, 4]
+    assert find_continuation(torch.tensor([3]), 3).numel() == 0
+    assert find_continuation(torch.tensor([3, 3, 3]), 4).tolist() == [3]  # overlapping: "3 3" at 0 is followed by 3
+
+
+def test_lookup_drafts_stop_before_eos_and_within_the_budget():
+    lookup = PromptLookup(num_tokens=5, eos_token_ids=[2])
+    ids = torch.tensor([[8, 9, 4, 6, 2, 7, 8, 9]])
+    assert lookup.candidates(ids, budget=5).tolist() == [4, 6]
+    assert lookup.candidates(ids, budget=1).tolist() == [4]
+    assert PromptLookup(num_tokens=5).candidates(ids, budget=5).tolist() == [4, 6, 2, 7, 8]
+
+
+def test_lookup_length_follows_the_speed_curve_and_the_measured_acceptance():
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6, 7, 1, 2]])
+    flat = {1: 10.0, 2: 10.0, 3: 10.0, 4: 10.0, 5: 10.0, 6: 10.0}
+    cliff = {1: 10.0, 2: 4.0, 3: 3.0, 4: 2.5, 5: 2.0, 6: 1.8}
+    lookup = PromptLookup(num_tokens=5)
+    assert lookup.candidates(ids, 5, flat).tolist() == [3, 4, 5, 6, 7]  # verification is free: all of them
+    assert lookup.candidates(ids, 5, cliff).numel() == 0  # at acceptance 0.5 a second token costs more than it gives
+    for _ in range(30):
+        lookup.record(verified=5, accepted=5)
+    assert lookup.acceptance > 0.9
+    assert lookup.candidates(ids, 5, cliff).numel() >= 1  # a reliable lookup pays even on the cliff
+    for _ in range(60):
+        lookup.record(verified=3, accepted=0)
+    assert lookup.acceptance < 0.1
+    assert lookup.candidates(ids, 5, {1: 10.0, 2: 9.0, 3: 8.0, 4: 7.0, 5: 6.0, 6: 5.0}).numel() == 0
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    target_seed=st.integers(0, 10_000),
+    block_size=st.integers(1, 5),
+    num_tokens=st.integers(1, 8),
+    policy=st.sampled_from(["full", "fixed", "hardware_aware"]),
+    prompt=st.lists(st.integers(3, 12), min_size=2, max_size=16),  # few distinct ids: n-grams recur
+    max_new_tokens=st.integers(1, 40),
+)
+def test_greedy_with_prompt_lookup_is_identical_to_target(target_seed, block_size, num_tokens, policy, prompt,
+                                                          max_new_tokens, lossless_cases):
+    target = make_target("llama", seed=target_seed)
+    drafter = make_drafter(target, block_size=block_size)
+    drafter.verification_policy = {"full": "full", "fixed": FixedLengthPolicy(1), "hardware_aware": HardwareAwarePolicy(
+        {1: 10.0, 2: 9.8, 3: 9.6, 4: 9.4, 5: 9.2, 6: 9.0, 7: 8.0, 8: 7.0, 9: 6.0}, draft_seconds=0.0)}[policy]
+    input_ids = torch.tensor([prompt])
+    expected = target.generate(input_ids, do_sample=False, max_new_tokens=max_new_tokens)
+    actual = target.generate(input_ids, assistant_model=drafter, do_sample=False, max_new_tokens=max_new_tokens,
+                             prompt_lookup_num_tokens=num_tokens)
+    assert actual.tolist() == expected.tolist()
+    stats = drafter.generation_stats
+    assert all(r.verified <= num_tokens and not r.drafted and not r.confidences
+               for r in stats.rounds if r.source == "lookup")
+    lossless_cases["greedy prompt lookup"] += 1
+
+
+def test_lookup_rounds_happen_and_are_accepted_on_repetitive_output():
+    """Tiny random targets fall into loops: over a few of them, lookup rounds run and their drafts get accepted, the
+    drafter runs in the other rounds, and each output is the target's own."""
+    lookup_accepted = drafter_rounds = 0
+    for seed in range(4):
+        target = make_target("llama", seed=seed)
+        drafter = make_drafter(target, block_size=4)
+        prompt = torch.tensor([[5, 17, 42, 90, 7, 8, 9, 5, 17]])
+        expected = target.generate(prompt, do_sample=False, max_new_tokens=40)
+        actual = target.generate(prompt, assistant_model=drafter, do_sample=False, max_new_tokens=40,
+                                 prompt_lookup_num_tokens=6)
+        assert actual.tolist() == expected.tolist()
+        rounds = drafter.generation_stats.rounds
+        lookup_accepted += sum(r.accepted for r in rounds if r.source == "lookup")
+        drafter_rounds += sum(r.source == "drafter" for r in rounds)
+        assert drafter.generation_stats.lookup_rounds == sum(r.source == "lookup" for r in rounds)
+    assert lookup_accepted > 0 and drafter_rounds > 0
+
+
+def test_prompt_lookup_with_a_batch_says_it_runs_at_batch_size_one(target, drafter):
+    input_ids, attention_mask = left_pad([[5, 6, 7], [8, 9]])
+    with pytest.raises(ValueError, match="prompt_lookup_num_tokens=4 with a DSpark drafter runs at batch size 1"):
+        target.generate(input_ids, attention_mask=attention_mask, assistant_model=drafter, do_sample=False,
+                        max_new_tokens=4, prompt_lookup_num_tokens=4)
