@@ -26,8 +26,8 @@
 #            spans MAX_STEPS, so keep MAX_STEPS when resuming), a checkpoint every 200 steps (rerun to resume);
 #            `stage4` is the same step; EVAL_STRATEGY=no skips the in-training evaluation
 #            (64-sequence loss and 8 generated prompts every 1000 steps, ~5 min; the eval step judges the result)
-#   judge    CANDIDATE=DIR [NAME=stage4]: recalibrates CANDIDATE (STS, 96 of the held-back v2 prompts) into
-#            WORK_DIR/NAME-cal, then benchmarks it against the shipped drafter in one run (same policies, target in
+#   judge    CANDIDATE=DIR [NAME=stage4] [BASELINE=DIR]: recalibrates CANDIDATE (STS, 96 of the held-back v2 prompts)
+#            into WORK_DIR/NAME-cal, then benchmarks it against the shipped drafter (or BASELINE) in one run (same policies, target in
 #            bf16 where native, 6 prompts each of gsm8k, humaneval and mt-bench, 256 new tokens) into
 #            benchmarks/results/smollm2-training/stage-bench/NAME; run it on an otherwise idle machine
 set -euo pipefail
@@ -139,12 +139,14 @@ eval)
     results=$root/benchmarks/results/smollm2-training/heldout-tau
     outputs=$results/outputs.trace.json.gz
     [[ -f "$outputs" ]] || { echo "no $outputs: trace the held-out sets first (scripts/campaign_eval.py)" >&2; exit 2; }
-    if [[ ! -f "$work/shipped.trace.json.gz" ]]; then
-        dspark-hf trace --outputs_from "$outputs" --threads 1 --output "$work/shipped.trace.json.gz"
+    # the shipped drafter's trace, cached per shipped weights (a new stage replaces them when it ships)
+    shipped_trace=$work/shipped-$(sha256sum "$root/src/dspark_hf/drafters/dspark-smollm2-135m-instruct/model.safetensors" | cut -c1-12).trace.json.gz
+    if [[ ! -f "$shipped_trace" ]]; then
+        dspark-hf trace --outputs_from "$outputs" --threads "${THREADS:-1}" --output "$shipped_trace"
     fi
     dspark-hf trace --outputs_from "$outputs" --drafter "$candidate" --threads "${THREADS:-1}" \
         --output "$work/${NAME:-stage4}.trace.json.gz"
-    python "$root/scripts/campaign_eval.py" shipped="$work/shipped.trace.json.gz" \
+    python "$root/scripts/campaign_eval.py" shipped="$shipped_trace" \
         "${NAME:-stage4}=$work/${NAME:-stage4}.trace.json.gz" --output "$results/${NAME:-stage4}"
     ;;
 judge)
@@ -162,7 +164,7 @@ judge)
     cp "$work/$name-cal"/calibration_{report.json,reliability.png} "$results"/
     prompts=()
     for set in gsm8k humaneval mt-bench; do prompts+=("$eval_dir/$set.jsonl"); done
-    dspark-hf bench --drafter "$work/$name-cal" --baseline_drafter "$shipped" --policies "${POLICIES:-full,hardware_aware}" \
+    dspark-hf bench --drafter "$work/$name-cal" --baseline_drafter "${BASELINE:-$shipped}" --policies "${POLICIES:-full,hardware_aware}" \
         --target_dtype auto --prompts "${prompts[@]}" --limit "${BENCH_PROMPTS:-6}" --max_new_tokens 256 \
         --output_dir "$results" --no_progress
     ;;
