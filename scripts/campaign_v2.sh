@@ -27,8 +27,9 @@
 #            `stage4` is the same step; EVAL_STRATEGY=no skips the in-training evaluation
 #            (64-sequence loss and 8 generated prompts every 1000 steps, ~5 min; the eval step judges the result)
 #   judge    CANDIDATE=DIR [NAME=stage4] [BASELINE=DIR]: recalibrates CANDIDATE (STS, 96 of the held-back v2 prompts)
-#            into WORK_DIR/NAME-cal, then benchmarks it against the shipped drafter (or BASELINE) in one run (same policies, target in
-#            bf16 where native, 6 prompts each of gsm8k, humaneval and mt-bench, 256 new tokens) into
+#            into WORK_DIR/NAME-cal, then benchmarks it against the shipped drafter (or BASELINE) in one run (same
+#            policies, POLICIES=..., target in bf16 where native, 6 prompts each of gsm8k, humaneval and mt-bench, 256
+#            new tokens) into
 #            benchmarks/results/smollm2-training/stage-bench/NAME; run it on an otherwise idle machine
 set -euo pipefail
 work=${1:?work dir}
