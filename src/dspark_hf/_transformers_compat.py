@@ -130,9 +130,16 @@ def _make_candidate_generator(original):
             input_ids=input_ids,
             model_kwargs=model_kwargs,
             policy=policy_for_call(changed_speculation_settings(generation_config)),
+            eos_token_ids=eos_token_ids(generation_config),
         )
 
     return _get_candidate_generator
+
+
+def eos_token_ids(generation_config) -> list[int]:
+    """The EOS ids generate resolved for this call (`_eos_token_tensor`), as a list (empty when there are none)."""
+    eos = generation_config._eos_token_tensor
+    return [] if eos is None else eos.flatten().tolist()
 
 
 _SUPPORTED_STOPPING = ("MaxLengthCriteria", "EosTokenCriteria", "MaxTimeCriteria")

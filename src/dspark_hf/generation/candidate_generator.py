@@ -46,6 +46,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         input_ids (`torch.LongTensor` of shape `(batch, seq)`): the prompt.
         model_kwargs (`dict`): the call's model kwargs (for the attention mask).
         policy ([`VerificationPolicy`], *optional*): defaults to `drafter.verification_policy` (see `resolve_policy`).
+        eos_token_ids (`list[int]`, *optional*): the call's EOS ids (prompt-lookup drafts stop before one).
     """
 
     requires_model_outputs = True
@@ -59,6 +60,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         input_ids: torch.LongTensor,
         model_kwargs: dict[str, Any],
         policy: VerificationPolicy | None = None,
+        eos_token_ids: list[int] | None = None,
     ):
         _check_inputs(input_ids, model_kwargs)
         drafter.check_target(target)
@@ -84,7 +86,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self._pending_round: DSparkRoundStats | None = None
         self._pending_outcome: RoundOutcome | None = None
         self._observed: list[float] | None = None  # the confidences of the last observed round
-        self.lookup = _prompt_lookup(generation_config)
+        self.lookup = _prompt_lookup(generation_config, eos_token_ids)
         drafter.generation_stats = self.stats
 
     @property
@@ -215,13 +217,12 @@ class DSparkCandidateGenerator(CandidateGenerator):
         return torch.cat([layer[:, :num_new] for layer in layers], dim=-1)
 
 
-def _prompt_lookup(generation_config: GenerationConfig) -> PromptLookup | None:
+def _prompt_lookup(generation_config: GenerationConfig, eos_token_ids: list[int] | None) -> PromptLookup | None:
     """Lookup drafts for the rounds where they exist, when the call sets transformers' `prompt_lookup_num_tokens`."""
     if not generation_config.prompt_lookup_num_tokens:
         return None
-    eos = generation_config._eos_token_tensor
     return PromptLookup(generation_config.prompt_lookup_num_tokens, generation_config.max_matching_ngram_size or 3,
-                        [] if eos is None else eos.flatten().tolist())
+                        eos_token_ids)
 
 
 def _check_inputs(input_ids: torch.LongTensor, model_kwargs: dict[str, Any]) -> None:
