@@ -117,8 +117,9 @@ def main() -> None:
             summary = results["summary"]
             if len({row["category"] for row in summary}) == 2:  # one category and its copy as "all"
                 summary = [row for row in summary if row["category"] != "all"]
-            rows += [{"max_new_tokens": new_tokens, "target_dtype": results["settings"].get("target_dtype", results["settings"].get("dtype", "float32")),
-                      **{k: row[k] for k in keep}}
+            settings = results["settings"]
+            dtype = settings.get("target_dtype", settings.get("dtype", "float32"))
+            rows += [{"max_new_tokens": new_tokens, "target_dtype": dtype, **{k: row[k] for k in keep}}
                      for row in summary if not row["method"].startswith("baseline_")]  # the card shows this drafter
             commands.append(results["command"])
         benchmark = {"rows": rows, "machine": describe_machine(results["machine"]), "versions": results["versions"],

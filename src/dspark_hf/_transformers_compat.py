@@ -170,10 +170,9 @@ def _make_assisted_decoding(original):
                 f"output; got stopping={unsupported}, streamer={streamer is not None}, "
                 f"return_dict_in_generate={generation_config.return_dict_in_generate}. Use batch size 1 for these."
             )
-        eos = generation_config._eos_token_tensor
         return generate_batch(
             self, drafter, input_ids, model_kwargs.get("attention_mask"), generation_config.max_length,
-            generation_config.do_sample, logits_processor, None if eos is None else eos.tolist(),
+            generation_config.do_sample, logits_processor, eos_token_ids(generation_config),
             generation_config._pad_token_tensor.item() if generation_config._pad_token_tensor is not None else None,
             policy=policy_for_call(changed_speculation_settings(generation_config)),
         )
