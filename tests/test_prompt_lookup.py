@@ -43,13 +43,44 @@ def test_lookup_length_follows_the_speed_curve_and_the_measured_acceptance():
     assert lookup.candidates(ids, 5, flat).tolist() == [3, 4, 5, 6, 7]  # verification is free: all of them
     assert lookup.candidates(ids, 5, cliff).numel() == 0  # at acceptance 0.5 a second token costs more than it gives
     for _ in range(30):
-        lookup.record(verified=5, accepted=5)
-    assert lookup.acceptance > 0.9
+        lookup.record(verified=5, accepted=5, ngram=2)
+    assert lookup.acceptance(2) > 0.9
     assert lookup.candidates(ids, 5, cliff).numel() >= 1  # a reliable lookup pays even on the cliff
     for _ in range(60):
-        lookup.record(verified=3, accepted=0)
-    assert lookup.acceptance < 0.1
+        lookup.record(verified=3, accepted=0, ngram=2)
+    assert lookup.acceptance(2) < 0.1
     assert lookup.candidates(ids, 5, {1: 10.0, 2: 9.0, 3: 8.0, 4: 7.0, 5: 6.0, 6: 5.0}).numel() == 0
+
+
+def test_acceptance_is_kept_per_match_length():
+    lookup = PromptLookup(num_tokens=4)
+    three, two = torch.tensor([[1, 2, 3, 4, 5, 9, 2, 3, 7, 1, 2, 3]]), torch.tensor([[1, 2, 3, 4, 5, 9, 2, 3]])
+    flat = {k: 10.0 for k in range(1, 6)}
+    assert lookup.candidates(three, 4, flat).tolist() == [4, 5, 9, 2] and lookup.last_ngram == 3
+    lookup.record(verified=4, accepted=4)  # credited to the last match: three tokens
+    assert lookup.acceptance(3) > 0.5 and lookup.acceptance(2) == 0.5
+    assert lookup.candidates(two, 4, flat).tolist() == [4, 5, 9, 2] and lookup.last_ngram == 2
+    lookup.record(verified=4, accepted=0)
+    assert lookup.acceptance(2) < 0.5 and lookup.acceptance(3) > 0.5
+    lookup.reset()
+    assert lookup.acceptance(3) == 0.5 and lookup.acceptance(1) == 0.25
+
+
+def test_one_token_matches_need_a_speed_profile_and_must_beat_the_drafter():
+    ids = torch.tensor([[4, 9, 1, 2, 6, 4]])  # only "4" recurs
+    flat = {k: 10.0 for k in range(1, 6)}
+    lookup = PromptLookup(num_tokens=3)
+    assert lookup.candidates(ids, 3).numel() == 0  # no profile: one-token matches are not worth a round
+    for _ in range(20):
+        lookup.record(verified=3, accepted=3, ngram=1)
+    for _ in range(20):  # the drafter has been accepting whole blocks
+        lookup.record_drafted(verified=4, accepted=4)
+    assert lookup.candidates(ids, 3, flat, draft_seconds=0.0).numel() == 0  # 5 tokens a round beat lookup's 4
+    assert lookup.candidates(ids, 3, flat, drafting=False).tolist() == [9, 1, 2]  # the policy skips the drafter
+    assert lookup.last_ngram == 1
+    for _ in range(20):
+        lookup.record_drafted(verified=4, accepted=0)
+    assert lookup.candidates(ids, 3, flat, draft_seconds=0.01).tolist() == [9, 1, 2]  # now lookup beats it
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])

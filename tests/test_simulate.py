@@ -16,9 +16,9 @@ from dspark_hf.generation import candidate_generator
 from dspark_hf.generation.batched import DSparkBatchEngine
 from dspark_hf.generation.policies import FixedLengthPolicy
 from dspark_hf.simulation.cost import KneeCost, ProfileCost, load_cost_model
-from dspark_hf.simulation.replay import SimulatedBatchEngine, replay_generation
+from dspark_hf.simulation.replay import SimulatedBatchEngine, replay_generation, replay_prompt_lookup
 from dspark_hf.simulation.simulate import main as simulate_main
-from dspark_hf.simulation.simulate import make_policy, simulate_closed_loop
+from dspark_hf.simulation.simulate import make_lookup, make_policy, simulate_closed_loop
 from dspark_hf.simulation.trace import Trace, TraceSequence, retrace, trace_sequence
 
 
@@ -52,11 +52,11 @@ def models():
     return target, make_drafter(target), eos
 
 
-def _live_generate(target, drafter, prompt, policy):
+def _live_generate(target, drafter, prompt, policy, **kwargs):
     drafter.verification_policy = policy
     ids = torch.tensor([prompt])
     output = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, do_sample=False,
-                             max_new_tokens=MAX_NEW_TOKENS, pad_token_id=0)
+                             max_new_tokens=MAX_NEW_TOKENS, pad_token_id=0, **kwargs)
     return output[0, len(prompt):].tolist(), drafter.generation_stats
 
 
@@ -118,6 +118,45 @@ def test_batch1_replay_takes_the_live_rounds(models, trace, spec, monkeypatch):
         assert [(r.verified, r.accepted, r.drafted) for r in run.rounds] == \
             [(r.verified, r.accepted, r.drafted) for r in stats.rounds]
         assert run.tau == (stats.accepted + stats.num_rounds) / stats.num_rounds
+
+
+def test_prompt_lookup_replay_takes_transformers_rounds(models, trace, monkeypatch):
+    """The simulator's `prompt_lookup` method is transformers' prompt lookup decoding: as many target forwards, each
+    as wide."""
+    target, _, eos = models
+    widths, forward = [], target.forward
+    monkeypatch.setattr(target, "forward", lambda *a, **k: widths.append(k["input_ids"].shape[1]) or forward(*a, **k))
+    cost, accepted = KneeCost(forward_seconds=0.01, knee_tokens=10**6), 0
+    for prompt, sequence in zip(PROMPTS, trace.sequences):
+        widths.clear()
+        ids = torch.tensor([prompt])
+        output = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, pad_token_id=0,
+                                 max_new_tokens=MAX_NEW_TOKENS, prompt_lookup_num_tokens=4)
+        assert output[0, len(prompt):].tolist() == sequence.output_ids
+        run = replay_prompt_lookup(sequence, cost, MAX_NEW_TOKENS, [eos], num_tokens=4)
+        assert [1 + r.verified for r in run.rounds] == widths[1:]  # after the prefill
+        accepted += sum(r.accepted for r in run.rounds)
+    assert accepted > 0
+
+
+@pytest.mark.parametrize("spec", ["full+lookup", "hardware_aware+lookup"])
+def test_batch1_replay_with_prompt_lookup_takes_the_live_rounds(models, trace, spec, monkeypatch):
+    """Prompt lookup inside rounds: the replay chooses lookup drafts or the drafter round by round as the live
+    generator does, and its lookup drafts are accepted as the trace's output says."""
+    target, drafter, eos = models
+    monkeypatch.setattr(candidate_generator, "time", types.SimpleNamespace(perf_counter=TickClock().perf_counter))
+    sps = {**SPS, 6: 58.0, 7: 56.0}
+    live_policy, simulated_policy = make_policy(spec, sps, 0.5), make_policy(spec, sps, 0.5)
+    lookup = make_lookup(spec, 6, [eos])
+    cost = KneeCost(forward_seconds=0.01, knee_tokens=10**6, draft_seconds=TICK)
+    sources = set()
+    for prompt, sequence in zip(PROMPTS, trace.sequences):
+        _, stats = _live_generate(target, drafter, prompt, live_policy, prompt_lookup_num_tokens=6)
+        run = replay_generation(sequence, simulated_policy, cost, trace.block_size, MAX_NEW_TOKENS, [eos], lookup)
+        assert [(r.verified, r.accepted, r.drafted, r.source) for r in run.rounds] == \
+            [(r.verified, r.accepted, r.drafted, r.source) for r in stats.rounds]
+        sources.update(r.source for r in run.rounds)
+    assert sources == {"lookup", "drafter"}
 
 
 @pytest.mark.parametrize("spec", ["target", "full", "fixed:2", "threshold", "hardware_aware"])
@@ -198,6 +237,13 @@ def test_simulate_command(tmp_path, capsys):
     assert all(r["latency_p50_s"] <= r["latency_p99_s"] for r in rows)
     assert simulate_main(argv[:3] + [str(tmp_path / "missing.json")] + argv[4:]) == 2
     assert "missing.json" in capsys.readouterr().err
+    with_lookup = argv[:5] + ["batch1", "--policies", "target,prompt_lookup,hardware_aware,hardware_aware+lookup",
+                              "--output_dir", str(tmp_path / "lookup")]
+    assert simulate_main(with_lookup) == 0
+    summary = json.loads((tmp_path / "lookup" / "simulate.json").read_text())["batch1"]["summary"]
+    assert {row["method"] for row in summary} >= {"prompt_lookup", "hardware_aware", "hardware_aware+lookup"}
+    assert simulate_main(argv[:5] + ["batch1,2"] + with_lookup[6:]) == 2
+    assert "prompt lookup runs at batch 1 only" in capsys.readouterr().err
 
 
 def test_probe_samples_while_its_width_reaches_past_the_slot():

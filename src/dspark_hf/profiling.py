@@ -42,6 +42,9 @@ logger = logging.get_logger(__name__)
 
 PROFILE_FILE_NAME = "dspark_sps_profile.json"
 PROFILE_FORMAT = "dspark-hf-sps-profile"
+# The widest forward a profile measured on first use covers: a block of up to 15 drafts, or the anchor and
+# `prompt_lookup_num_tokens=10` lookup drafts (wider forwards are never verified).
+FIRST_USE_MAX_TOKENS = 16
 PROFILE_VERSION = 1
 
 
@@ -269,18 +272,23 @@ def steps_per_second_here(target: torch.nn.Module, drafter) -> tuple[dict[int, f
     """The target's steps/s table for this machine, and the file it came from.
 
     The drafter folder's profile (`dspark_sps_profile.json`) is used when it was measured on this kind of machine
-    (processor, cores, threads, torch build) in the target's dtype; else a profile measured here earlier (cached in
-    the dspark-hf cache folder); else one is measured now, at batch 1 up to a full block (a few seconds for a small
-    target on a CPU), and cached. Nothing is written into the drafter's folder, which may be an installed package.
+    (processor, cores, threads, torch build) in the target's dtype, up to a full block; else a profile measured here
+    earlier (cached in the dspark-hf cache folder); else one is measured now, at batch 1 up to a full block and at
+    least `FIRST_USE_MAX_TOKENS` tokens (prompt lookup inside rounds verifies up to `prompt_lookup_num_tokens` drafts,
+    never more than the profile covers; a few seconds for a small target on a CPU), and cached. Nothing is written
+    into the drafter's folder, which may be an installed package.
     """
-    max_tokens = drafter.config.block_size + 1
+    max_tokens = max(drafter.config.block_size + 1, FIRST_USE_MAX_TOKENS)
     forward_kwargs = {"output_hidden_states": [i + 1 for i in drafter.config.target_layer_ids]}
     cached = _cached_profile_path(target, max_tokens, forward_kwargs)
     folder = Path(drafter.name_or_path) if drafter.name_or_path else None
-    for path in ([folder / PROFILE_FILE_NAME] if folder is not None else []) + [cached]:
+    candidates = [(cached, max_tokens)]
+    if folder is not None:
+        candidates.insert(0, (folder / PROFILE_FILE_NAME, drafter.config.block_size + 1))
+    for path, needed in candidates:
         if path.is_file():
             profile = json.loads(path.read_text())
-            if _profile_fits(profile, target, max_tokens):
+            if _profile_fits(profile, target, needed):
                 return {int(k): float(v) for k, v in profile["steps_per_second"].items()}, path
     logger.warning(
         f"dspark-hf: measuring this machine's verification speed for the hardware-aware policy (once per target, "

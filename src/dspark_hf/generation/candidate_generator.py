@@ -108,17 +108,16 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if is_first_iteration:
             return input_ids, None
         if self.lookup is not None:
-            found = self.lookup.candidates(input_ids, self.max_length - input_ids.shape[1] - 1,
-                                           getattr(self.policy, "steps_per_second", None))
+            found = self._lookup_candidates(input_ids, drafting=True)
             if found.numel():
-                self._defer_features(input_ids, model_outputs)
-                self._pending_round = DSparkRoundStats(confidences=[], verified=found.numel(), drafted=False,
-                                                       draft_ids=found.tolist(), source="lookup")
-                return torch.cat([input_ids, found[None].to(input_ids.dtype)], dim=-1), None
+                return self._lookup_round(input_ids, model_outputs, found)
         if not self.policy.begin_round([self._observed], self.config.block_size):
+            self._pending_outcome = RoundOutcome([[]], [0], [0], drafted=False)
+            found = input_ids.new_empty(0) if self.lookup is None else self._lookup_candidates(input_ids, drafting=False)
+            if found.numel():  # the policy skips the drafter; lookup drafts still beat plain decoding
+                return self._lookup_round(input_ids, model_outputs, found)
             self._defer_features(input_ids, model_outputs)
             self._pending_round = DSparkRoundStats(confidences=[], verified=0, drafted=False)
-            self._pending_outcome = RoundOutcome([[]], [0], [0], drafted=False)
             return input_ids, None
         start = time.perf_counter()
         block = self._draft(input_ids, model_outputs)
@@ -137,14 +136,32 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         if self._pending_round is not None:
-            self._pending_round.accepted = int(num_matches)
-            if self._pending_round.source == "lookup":
-                self.lookup.record(self._pending_round.verified, int(num_matches))
-            else:
-                self._pending_outcome.accepted = [int(num_matches)]
-                self.policy.end_round(self._pending_outcome)
-            self.stats.rounds.append(self._pending_round)
+            round_stats, outcome = self._pending_round, self._pending_outcome
+            round_stats.accepted = int(num_matches)
+            if round_stats.source == "lookup":
+                self.lookup.record(round_stats.verified, int(num_matches))
+            elif self.lookup is not None and round_stats.drafted:
+                self.lookup.record_drafted(round_stats.verified, int(num_matches))
+            if outcome is not None:  # the policy hears of its own rounds (a lookup round in place of a skipped one too)
+                if outcome.drafted:
+                    outcome.accepted = [int(num_matches)]
+                self.policy.end_round(outcome)
+            self.stats.rounds.append(round_stats)
             self._pending_round = self._pending_outcome = None
+
+    def _lookup_candidates(self, input_ids: torch.LongTensor, drafting: bool) -> torch.LongTensor:
+        """Lookup drafts for this round, when they beat a drafted round (`drafting`) or plain decoding."""
+        return self.lookup.candidates(input_ids, self.max_length - input_ids.shape[1] - 1,
+                                      getattr(self.policy, "steps_per_second", None),
+                                      draft_seconds=getattr(self.policy, "drafting_cost", lambda: 0.0)(),
+                                      drafting=drafting)  # fmt: skip
+
+    def _lookup_round(self, input_ids: torch.LongTensor, model_outputs: Any, found: torch.LongTensor):
+        """Proposes `found` for verification; the drafter's context waits in the buffer, as in a skipped round."""
+        self._defer_features(input_ids, model_outputs)
+        self._pending_round = DSparkRoundStats(confidences=[], verified=found.numel(), drafted=False,
+                                               draft_ids=found.tolist(), source="lookup")
+        return torch.cat([input_ids, found[None].to(input_ids.dtype)], dim=-1), None
 
     def _draft(self, input_ids: torch.LongTensor, model_outputs: Any) -> DraftedBlock:
         """Drafts this round's block with the shared left-to-right sampling, asking the policy before each slot. A

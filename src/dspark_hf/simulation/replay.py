@@ -21,6 +21,7 @@ import torch
 
 from ..generation.batched import DSparkBatchEngine, DSparkRequest
 from ..generation.drafting import DraftedBlock, SlotSchedule
+from ..generation.lookup import PromptLookup
 from ..generation.policies import VerificationPolicy, get_policy
 from ..generation.verification_policy import RoundOutcome
 from .cost import CostModel
@@ -29,13 +30,15 @@ from .trace import TraceSequence
 
 @dataclass
 class SimulatedRound:
-    """One batch-1 round: drafts verified and accepted, slots sampled, whether the drafter ran, seconds spent."""
+    """One batch-1 round: drafts verified and accepted, slots sampled, whether the drafter ran, seconds spent, and where
+    the drafts came from."""
 
     verified: int
     accepted: int
     slots: int
     drafted: bool
     seconds: float
+    source: str = "drafter"  # "lookup": prompt-lookup drafts (`verified` of them), the drafter did not run
 
 
 @dataclass
@@ -70,12 +73,14 @@ def _choose(
 
 def replay_generation(
     sequence: TraceSequence, policy: VerificationPolicy | None, cost: CostModel, block_size: int,
-    max_new_tokens: int, eos_token_ids: Sequence[int] = (),
+    max_new_tokens: int, eos_token_ids: Sequence[int] = (), lookup: PromptLookup | None = None,
 ) -> SimulatedGeneration:
     """One batch-1 `generate` call on `sequence` (`policy=None`: target-only decoding) with at most `max_new_tokens`.
 
     The committed output is the trace's, cut at `max_new_tokens`; each round accepts ``min(verified, A(c))`` drafts,
-    cut again at an EOS and at the budget, as transformers' assisted loop cuts them.
+    cut again at an EOS and at the budget, as transformers' assisted loop cuts them. With `lookup` (prompt lookup
+    inside rounds, `prompt_lookup_num_tokens`), rounds choose between lookup drafts and the drafter as
+    `DSparkCandidateGenerator` does; lookup drafts are checked against the trace's output.
     """
     output = _committed_output(sequence, max_new_tokens, eos_token_ids)
     seconds = cost.prefill_seconds(1, len(sequence.prompt_ids))
@@ -84,13 +89,34 @@ def replay_generation(
         run.seconds += (len(output) - 1) * cost.verify_seconds(1, 1)
         return run
     policy.reset()
+    if lookup is not None:
+        lookup.reset()
+    speed = getattr(policy, "steps_per_second", None)
+    ids = torch.tensor(sequence.prompt_ids + output)
+
+    def lookup_round(committed: int, drafting: bool) -> SimulatedRound | None:
+        if lookup is None:
+            return None
+        found = lookup.candidates(ids[None, : len(sequence.prompt_ids) + committed], max_new_tokens - committed - 1,
+                                  speed, getattr(policy, "drafting_cost", lambda: 0.0)(), drafting=drafting)
+        if not found.numel():
+            return None
+        reference = output[committed: len(output) - 1]  # a draft past the budget or the EOS is never committed
+        accepted = next((j for j, (a, b) in enumerate(zip(found.tolist(), reference)) if a != b),
+                        min(found.numel(), len(reference)))
+        lookup.record(found.numel(), accepted)
+        return SimulatedRound(found.numel(), accepted, 0, False, cost.verify_seconds(1, 1 + found.numel()), "lookup")
+
     committed, observed = 1, None  # the prefill commits the first token; rounds start after it
     while committed < len(output):
-        if not policy.begin_round([observed], block_size):
-            step = cost.verify_seconds(1, 1)
-            run.rounds.append(SimulatedRound(0, 0, 0, False, step))
+        looked_up = lookup_round(committed, drafting=True)
+        if looked_up is None and not policy.begin_round([observed], block_size):
             policy.end_round(RoundOutcome([[]], [0], [0], drafted=False))
-            committed += 1
+            looked_up = lookup_round(committed, drafting=False) or SimulatedRound(0, 0, 0, False,
+                                                                                  cost.verify_seconds(1, 1))
+        if looked_up is not None:
+            run.rounds.append(looked_up)
+            committed += looked_up.accepted + 1
             continue
         max_drafts = min(block_size, max_new_tokens - committed - 1)
         seen, schedule = _choose(policy, [sequence.confidences[committed - 1]], [max_drafts], block_size)
@@ -98,8 +124,42 @@ def replay_generation(
         draft = cost.drafting_seconds(1, slots)
         accepted = min(sequence.accepted(committed, verified), len(output) - committed - 1)
         policy.end_round(RoundOutcome(seen, [verified], [accepted], observed=settled, draft_seconds=draft))
+        if lookup is not None:
+            lookup.record_drafted(verified, accepted)
         observed = seen[0] if settled else observed
         run.rounds.append(SimulatedRound(verified, accepted, slots, True, draft + cost.verify_seconds(1, 1 + verified)))
+        committed += accepted + 1
+    run.seconds += sum(r.seconds for r in run.rounds)
+    return run
+
+
+def replay_prompt_lookup(
+    sequence: TraceSequence, cost: CostModel, max_new_tokens: int, eos_token_ids: Sequence[int] = (),
+    num_tokens: int = 10, max_ngram: int = 2,
+) -> SimulatedGeneration:
+    """transformers' own prompt lookup decoding (`generate(prompt_lookup_num_tokens=num_tokens)` without a drafter,
+    the `bench` baseline) on `sequence`: each round verifies the `num_tokens` tokens that followed the *earliest*
+    earlier occurrence of the longest suffix n-gram (`max_ngram` tokens down to 1), cut before an EOS, as transformers'
+    `PromptLookupCandidateGenerator` picks them; no match decodes one token."""
+    output = _committed_output(sequence, max_new_tokens, eos_token_ids)
+    run = SimulatedGeneration(new_tokens=len(output), seconds=cost.prefill_seconds(1, len(sequence.prompt_ids)))
+    ids, prompt_length, eos = sequence.prompt_ids + output, len(sequence.prompt_ids), set(eos_token_ids)
+    committed = 1
+    while committed < len(output):
+        length = prompt_length + committed
+        found: list[int] = []
+        for n in range(min(max_ngram, length - 1), 0, -1):
+            suffix = ids[length - n: length]
+            start = next((i + n for i in range(length - n) if ids[i: i + n] == suffix), None)
+            if start is not None:
+                found = ids[start: min(start + num_tokens, length)]
+                break
+        found = found[: next((j for j, token in enumerate(found) if token in eos), len(found))]
+        found = found[: max(0, max_new_tokens - committed - 1)]
+        reference = output[committed: len(output) - 1]
+        accepted = next((j for j, (a, b) in enumerate(zip(found, reference)) if a != b), min(len(found), len(reference)))
+        run.rounds.append(SimulatedRound(len(found), accepted, 0, False, cost.verify_seconds(1, 1 + len(found)),
+                                         "lookup"))
         committed += accepted + 1
     run.seconds += sum(r.seconds for r in run.rounds)
     return run

@@ -25,21 +25,25 @@ from pathlib import Path
 from ..cli import ArgumentParser
 from ..benchmarks.bench_load import pool_passes, run_level
 from ..benchmarks.report import geometric_mean
+from ..generation.lookup import PromptLookup
 from ..generation.policies import HardwareAwarePolicy, ThresholdPolicy, VerificationPolicy, get_policy
 from .cost import CostModel, load_cost_model
-from .replay import SimulatedBatchEngine, replay_generation
+from .replay import SimulatedBatchEngine, replay_generation, replay_prompt_lookup
 from .trace import Trace
 
 
 TARGET_ONLY = "target"
+PROMPT_LOOKUP = "prompt_lookup"  # transformers' prompt lookup decoding, no drafter (batch 1)
+LOOKUP_SUFFIX = "+lookup"
 WARMUP_MAX_NEW_TOKENS = 16  # `bench` warms every method up on the first prompt with this many tokens
 
 
 def make_policy(spec: str, steps_per_second, threshold: float = 0.5) -> VerificationPolicy | None:
     """A fresh policy for a method name: `target` (None), `full`, `fixed:K`, `threshold`, `threshold_cumulative`,
-    `hardware_aware` (planned), `hardware_aware:W` (plan smoothing W), `algorithm1` (hardware-aware, Algorithm 1)."""
-    name, _, argument = spec.partition(":")
-    if name == TARGET_ONLY and not argument:
+    `hardware_aware` (planned), `hardware_aware:W` (plan smoothing W), `algorithm1` (hardware-aware, Algorithm 1);
+    a `+lookup` suffix adds prompt lookup inside rounds (`make_lookup`)."""
+    name, _, argument = spec.removesuffix(LOOKUP_SUFFIX).partition(":")
+    if name in (TARGET_ONLY, PROMPT_LOOKUP) and not argument:
         return None
     if name == "fixed" and argument.isdigit():
         return get_policy("fixed", length=int(argument))
@@ -59,6 +63,16 @@ def make_policy(spec: str, steps_per_second, threshold: float = 0.5) -> Verifica
                      "hardware_aware, hardware_aware:W or algorithm1.")
 
 
+def make_lookup(spec: str, num_tokens: int, eos_token_ids: Sequence[int]) -> PromptLookup | None:
+    """The prompt lookup of a `POLICY+lookup` method (as `bench --policies POLICY+lookup` runs it), else `None`."""
+    if not spec.endswith(LOOKUP_SUFFIX):
+        return None
+    if spec in (TARGET_ONLY + LOOKUP_SUFFIX, PROMPT_LOOKUP + LOOKUP_SUFFIX):
+        raise ValueError(f"Policy {spec!r}: prompt lookup runs inside DSpark rounds; add it to a policy, e.g. "
+                         "hardware_aware+lookup.")
+    return PromptLookup(num_tokens, eos_token_ids=list(eos_token_ids))
+
+
 def cost_speed_tables(cost: CostModel, rows: Sequence[int], max_width: int) -> dict[int, dict[int, float]]:
     """``{rows: {width: steps/s}}`` of a cost model: the profile a policy gets of the simulated hardware."""
     return {r: {w: 1.0 / cost.verify_seconds(r, w) for w in range(1, max_width + 1)} for r in rows}
@@ -70,11 +84,17 @@ def cost_speed_tables(cost: CostModel, rows: Sequence[int], max_width: int) -> d
 
 
 def simulate_batch1(trace: Trace, policy: VerificationPolicy | None, cost: CostModel, max_new_tokens: int,
-                    warmup: bool = True) -> list[dict]:
+                    warmup: bool = True, lookup: PromptLookup | None = None,
+                    prompt_lookup_num_tokens: int | None = None) -> list[dict]:
     """One record per prompt (all its turns), in trace order, with one policy object for the whole run, as `bench`
-    keeps one per method (after a warmup generation of `WARMUP_MAX_NEW_TOKENS` on the first prompt)."""
-    replay = lambda sequence, budget: replay_generation(  # noqa: E731
-        sequence, policy, cost, trace.block_size, budget, trace.eos_token_ids)
+    keeps one per method (after a warmup generation of `WARMUP_MAX_NEW_TOKENS` on the first prompt). With
+    `prompt_lookup_num_tokens` (and no policy): transformers' prompt lookup decoding instead."""
+    if prompt_lookup_num_tokens:
+        replay = lambda sequence, budget: replay_prompt_lookup(  # noqa: E731
+            sequence, cost, budget, trace.eos_token_ids, prompt_lookup_num_tokens)
+    else:
+        replay = lambda sequence, budget: replay_generation(  # noqa: E731
+            sequence, policy, cost, trace.block_size, budget, trace.eos_token_ids, lookup)
     if warmup and trace.sequences:
         replay(trace.sequences[0], min(max_new_tokens, WARMUP_MAX_NEW_TOKENS))
     records: dict[str, dict] = {}
@@ -86,12 +106,13 @@ def simulate_batch1(trace: Trace, policy: VerificationPolicy | None, cost: CostM
         record["new_tokens"] += run.new_tokens
         record["seconds"] += run.seconds
         record["rounds"] += [(r.verified, r.accepted, r.drafted) for r in run.rounds]
+        record["lookup_rounds"] = record.get("lookup_rounds", 0) + sum(r.source == "lookup" for r in run.rounds)
     for record in records.values():
         rounds = record.pop("rounds")
         record["tokens_per_second"] = record["new_tokens"] / record["seconds"]
         record["tau"] = (sum(a for _, a, _ in rounds) + len(rounds)) / len(rounds) if rounds else 1.0
         record["tau_rounds"], record["tau_accepted"] = len(rounds), sum(a for _, a, _ in rounds)
-        record["skipped_rounds"] = sum(not drafted for _, _, drafted in rounds)
+        record["skipped_rounds"] = sum(not drafted for _, _, drafted in rounds) - record["lookup_rounds"]
         record["mean_verified"] = sum(v for v, _, _ in rounds) / len(rounds) if rounds else 0.0
     return list(records.values())
 
@@ -188,8 +209,11 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "own speeds, a perfectly profiled machine)")
     parser.add_argument("--policies", default="target,full,fixed:1,threshold,hardware_aware",
                         help="comma-separated: target, full, fixed:K, threshold, threshold_cumulative, "
-                        "hardware_aware, hardware_aware:W, algorithm1 (default: %(default)s)")
+                        "hardware_aware, hardware_aware:W, algorithm1, each with an optional +lookup (prompt lookup inside rounds, "
+                        "batch 1), and prompt_lookup (transformers' own, batch 1) (default: %(default)s)")
     parser.add_argument("--threshold", type=float, default=0.5)
+    parser.add_argument("--prompt_lookup_num_tokens", type=int, default=10,
+                        help="the most lookup drafts per round of a POLICY+lookup method (default: %(default)s)")
     parser.add_argument("--concurrency", default="1", help="comma-separated levels; 0 or 'batch1' for the assisted "
                         "loop (bench); default: %(default)s")
     parser.add_argument("--arrivals", default="closed", help="closed, or poisson:RATE (requests per second)")
@@ -221,20 +245,30 @@ def run_simulation(args: argparse.Namespace, argv: Sequence[str]) -> dict:
                                                "prefill_seconds_per_token") if getattr(args, k) is not None}
     cost = load_cost_model(args.cost, **overrides)
     levels, max_new = _levels(args.concurrency), args.max_new_tokens or trace.max_new_tokens
+    specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     width = trace.block_size + 1
+    lookup_specs = [spec for spec in specs if spec.endswith(LOOKUP_SUFFIX) or spec == PROMPT_LOOKUP]
+    if lookup_specs:
+        if any(levels):
+            raise ValueError(f"--policies {lookup_specs[0]}: prompt lookup runs at batch 1 only; simulate it with "
+                             "--concurrency batch1.")
+        width = max(width, args.prompt_lookup_num_tokens + 1)
     if args.sps:
         tables = {int(r): {int(w): float(s) for w, s in t.items()}
                   for r, t in json.loads(Path(args.sps).read_text())["by_batch_size"].items()}
     else:
         tables = cost_speed_tables(cost, sorted({1, *[lv for lv in levels if lv]}), width)
-    specs = [s.strip() for s in args.policies.split(",") if s.strip()]
     policies = {spec: make_policy(spec, tables[min(tables)], args.threshold) for spec in specs}
+    lookups = {spec: make_lookup(spec, args.prompt_lookup_num_tokens, trace.eos_token_ids) for spec in specs}
     document = {"simulation": True, "command": shlex.join(["dspark-hf", "simulate", *argv]),
                 "trace": {"path": args.trace, **trace.metadata, "sequences": len(trace.sequences)},
                 "cost_model": cost.describe(), "max_new_tokens": max_new, "arrivals": args.arrivals,
                 "policies": {spec: repr(p) for spec, p in policies.items()}}
     if 0 in levels:
-        records = {spec: simulate_batch1(trace, policy, cost, max_new) for spec, policy in policies.items()}
+        records = {spec: simulate_batch1(trace, policy, cost, max_new, lookup=lookups[spec],
+                                         prompt_lookup_num_tokens=args.prompt_lookup_num_tokens
+                                         if spec == PROMPT_LOOKUP else None)
+                   for spec, policy in policies.items()}
         document["batch1"] = {"summary": summarize_batch1(records), "records": records}
     load_levels = [level for level in levels if level]
     if load_levels:
