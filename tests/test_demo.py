@@ -22,6 +22,7 @@ def test_demo_runs_offline_and_outputs_are_identical():
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert result.stdout.count("identical to target-only: True") == 3
     assert "verification policy: hardware_aware (auto)" in result.stdout
+    assert "prompt lookup inside rounds, up to 10 tokens" in result.stdout
     assert "| math | 16 |" in result.stdout and "| code | 16 |" in result.stdout
     assert "Columns: new tokens = " in result.stdout  # every column explained
     assert result.stdout.count("--- target-only ") == 3  # a verdict per prompt
@@ -36,6 +37,7 @@ def test_target_dtype_option_and_the_divergence_line():
 
     assert _parse_args([]).target_dtype == "float32"  # the demo shows token-for-token identity by default
     assert _parse_args(["--target-dtype", "auto"]).target_dtype == "auto"
+    assert _parse_args([]).prompt_lookup_num_tokens == 10 and _parse_args(["--prompt_lookup_num_tokens", "0"])
     line = _divergence_line(make_target().to(torch.bfloat16), [5, 6, 7], [11, 12], [11, 13])
     assert line.startswith("--- first divergence at new token 1: the target's top-1 minus top-2 logit there is ")
     assert "in bfloat16 a verification forward" in line

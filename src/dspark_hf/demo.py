@@ -5,6 +5,10 @@ For each prompt (math, code, chat) it generates with the DSpark drafter (streami
 tau per prompt. The default run (64 tokens per prompt) took 53 s on a 2-core AVX2 CPU after set-up; `--long` generates
 256 tokens per prompt, the length the benchmarks use, where the policy's first probes weigh less (85 s there).
 
+DSpark runs with prompt lookup inside its rounds (`prompt_lookup_num_tokens=10`; `--prompt_lookup_num_tokens 0` for
+the drafter alone): where the answer repeats text from the prompt or from itself, the target verifies the copied
+tokens instead of a drafted block.
+
 The target runs in float32, where DSpark's greedy output is token for token the target's. `--target_dtype auto` (or
 bfloat16) runs it in bf16 where the CPU computes bf16 natively: faster, but a verification forward over several tokens
 rounds differently from one-token decoding, so outputs may part at near-ties; the demo then shows where, with the
@@ -65,6 +69,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--drafter_dtype", default="auto", choices=DTYPES,
                         help="dtype the drafter runs in (auto: bfloat16 where the device computes it natively, else "
                         "float32; the output is identical either way)")
+    parser.add_argument("--prompt_lookup_num_tokens", type=int, default=10,
+                        help="prompt lookup inside DSpark rounds: where the text repeats itself, verify up to this many "
+                        "tokens copied from earlier instead of a drafted block (default: %(default)s; 0 turns it off)")
     parser.add_argument("--no_stream", action="store_true", help="a progress bar instead of the streamed DSpark text")
     parser.add_argument("--prompt", action="append", default=None, help="your own prompt(s) instead of the demo set")
     args = parser.parse_args(argv)
@@ -72,6 +79,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.max_new_tokens = 256 if args.long else 64
     if args.max_new_tokens < 1:
         parser.error(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+    if args.prompt_lookup_num_tokens < 0:
+        parser.error(f"--prompt_lookup_num_tokens must be >= 0 (0 turns prompt lookup off), got "
+                     f"{args.prompt_lookup_num_tokens}")
     return args
 
 
@@ -117,9 +127,13 @@ def _timed_generate(target, inputs, **kwargs) -> tuple[torch.Tensor, float]:
 
 def _round_summary(stats) -> str:
     drafted = [r for r in stats.rounds if r.drafted]
+    looked_up = [r for r in stats.rounds if r.source == "lookup"]
+    lookup = (f"{len(looked_up)} verified prompt-lookup drafts instead ({sum(r.verified for r in looked_up)} "
+              f"verified, {sum(r.accepted for r in looked_up)} accepted), " if looked_up else "")
     return (f"{stats.num_rounds} target forwards; {len(drafted)} ran the drafter (the target verified "
-            f"{sum(r.verified for r in drafted)} drafts and accepted {sum(r.accepted for r in drafted)}), "
-            f"{stats.skipped_rounds} decoded one token without drafting (the policy judged drafting not worth it)")
+            f"{sum(r.verified for r in drafted)} drafts and accepted {sum(r.accepted for r in drafted)}), {lookup}"
+            f"{stats.skipped_rounds - len(looked_up)} decoded one token without drafting (the policy judged drafting "
+            "not worth it)")
 
 
 def _verdict(kind: str, speedup: float) -> str:
@@ -169,10 +183,13 @@ def main(argv: list[str] | None = None) -> int:
     # measures this machine's verification speed once (cached for later runs).
     warm = tokenizer("Hello", return_tensors="pt")
     target.generate(**warm, max_new_tokens=4, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    lookup = {"prompt_lookup_num_tokens": args.prompt_lookup_num_tokens} if args.prompt_lookup_num_tokens else {}
     target.generate(**warm, assistant_model=drafter, max_new_tokens=4, do_sample=False,
-                    pad_token_id=tokenizer.pad_token_id)
+                    pad_token_id=tokenizer.pad_token_id, **lookup)
     policy = resolve_policy(drafter, target)
-    print(f"[demo] verification policy: {policy.name} ({args.policy}); {args.max_new_tokens} new tokens per prompt")
+    print(f"[demo] verification policy: {policy.name} ({args.policy}); {args.max_new_tokens} new tokens per prompt; "
+          + (f"prompt lookup inside rounds, up to {args.prompt_lookup_num_tokens} tokens" if lookup
+             else "no prompt lookup") + " (--prompt_lookup_num_tokens)")
     print(f"[demo] target in {str(target.dtype).removeprefix('torch.')}, drafter in "
           f"{str(drafter.dtype).removeprefix('torch.')} (--target_dtype, --drafter_dtype)")
 
@@ -185,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n=== [{kind}] {text}\n--- DSpark{'' if args.no_stream else ' (streaming)'}:")
         streamer = (_ProgressStreamer(args.max_new_tokens, "DSpark") if args.no_stream
                     else TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True))
-        fast, fast_s = _timed_generate(target, inputs, assistant_model=drafter, streamer=streamer, **gen)
+        fast, fast_s = _timed_generate(target, inputs, assistant_model=drafter, streamer=streamer, **gen, **lookup)
         stats = drafter.generation_stats
         slow, slow_s = _timed_generate(target, inputs, streamer=_ProgressStreamer(args.max_new_tokens, "target-only"),
                                        **gen)
