@@ -53,6 +53,8 @@ STAGES = {
        "8,687 v2 conversations (`STAGE=4 bash scripts/campaign_v2.sh WORK train`)",
     5: "stage 5: 900 steps x 4 sequences from stage 4 at lr 2e-4 (cosine), bf16 autocast, 2 threads, on the 9,195 "
        "v2 conversations committed by then (`STAGE=5 MAX_STEPS=900 bash scripts/campaign_v2.sh WORK train`)",
+    6: "stage 6: 900 steps x 4 sequences from stage 5 at lr 2e-4 (cosine), bf16 autocast, 2 threads, on the 9,706 "
+       "v2 conversations committed by then (`STAGE=6 MAX_STEPS=900 bash scripts/campaign_v2.sh WORK train`)",
 }
 
 
