@@ -25,7 +25,7 @@ from ..generation.lookup import PromptLookup
 from ..generation.policies import VerificationPolicy, get_policy
 from ..generation.verification_policy import RoundOutcome
 from .cost import CostModel
-from .trace import TraceSequence
+from .trace import TraceSequence, _accept_length
 
 
 @dataclass
@@ -102,8 +102,7 @@ def replay_generation(
         if not found.numel():
             return None
         reference = output[committed: len(output) - 1]  # a draft past the budget or the EOS is never committed
-        accepted = next((j for j, (a, b) in enumerate(zip(found.tolist(), reference)) if a != b),
-                        min(found.numel(), len(reference)))
+        accepted = _accept_length(found.tolist(), reference)
         lookup.record(found.numel(), accepted)
         return SimulatedRound(found.numel(), accepted, 0, False, cost.verify_seconds(1, 1 + found.numel()), "lookup")
 
@@ -157,7 +156,7 @@ def replay_prompt_lookup(
         found = found[: next((j for j, token in enumerate(found) if token in eos), len(found))]
         found = found[: max(0, max_new_tokens - committed - 1)]
         reference = output[committed: len(output) - 1]
-        accepted = next((j for j, (a, b) in enumerate(zip(found, reference)) if a != b), min(len(found), len(reference)))
+        accepted = _accept_length(found, reference)
         run.rounds.append(SimulatedRound(len(found), accepted, 0, False, cost.verify_seconds(1, 1 + len(found)),
                                          "lookup"))
         committed += accepted + 1
