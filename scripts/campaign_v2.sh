@@ -19,13 +19,16 @@
 #   eval     CANDIDATE=DIR [NAME=stage4]: held-out full-block tau of the shipped drafter and CANDIDATE, teacher-forced
 #            over the committed greedy outputs of the held-out sets (scripts/campaign_eval.py; no timing: it can run
 #            beside a training job), into benchmarks/results/smollm2-training/heldout-tau/NAME
-#   train    [STAGE=4] [FROM=DIR]: trains stage STAGE from the drafter of the stage before it (stage 4: the shipped
+#   train    [STAGE=4] [FROM=DIR] [GROW_LAYERS=N TAG=T]: trains stage STAGE from the drafter of the stage before it
+#            (stage 4: the shipped
 #            drafter; later: DATA_DIR/stages/stage<STAGE-1>, committed) over its own 8,192-id draft vocabulary on the
 #            committed shards into WORK_DIR/dspark<STAGE>, and saves the result compact in DATA_DIR/stages/stage<STAGE>
 #            (commit it); one epoch, or MAX_STEPS optimizer steps (a stage sized to a session: the cosine schedule
 #            spans MAX_STEPS, so keep MAX_STEPS when resuming), a checkpoint every 200 steps (rerun to resume);
 #            `stage4` is the same step; EVAL_STRATEGY=no skips the in-training evaluation
-#            (64-sequence loss and 8 generated prompts every 1000 steps, ~5 min; the eval step judges the result)
+#            (64-sequence loss and 8 generated prompts every 1000 steps, ~5 min; the eval step judges the result);
+#            GROW_LAYERS=N appends N draft layers that start as the identity (the capacity lever, issue 19 item 4),
+#            and TAG names the run apart from the stage's 1-layer line (WORK_DIR/dspark<STAGE><TAG>, stage<STAGE><TAG>)
 #   judge    CANDIDATE=DIR [NAME=stage4] [BASELINE=DIR]: recalibrates CANDIDATE (STS, 96 of the held-back v2 prompts)
 #            into WORK_DIR/NAME-cal, then benchmarks it against the shipped drafter (or BASELINE) in one run (same
 #            policies, POLICIES=..., target in bf16 where native, 6 prompts each of gsm8k, humaneval and mt-bench, 256
@@ -111,9 +114,11 @@ stage4|train)
     from=${FROM:-$root/src/dspark_hf/drafters/dspark-smollm2-135m-instruct}
     if [[ -z ${FROM:-} && $stage -gt 4 ]]; then from=$data/stages/stage$((stage - 1)); fi
     [[ -f "$from/config.json" ]] || { echo "no drafter at $from: set FROM=DIR" >&2; exit 2; }
-    out=$work/dspark$stage
+    tag=${TAG:-}
+    out=$work/dspark$stage$tag
     bf16=$(python -c "import torch; from dspark_hf.models import target_dtype; print('--bf16' if target_dtype('auto') == torch.bfloat16 else '')")
-    resume=() train_data=()
+    resume=() train_data=() grow=()
+    if [[ -n ${GROW_LAYERS:-} ]]; then grow=(--grow_layers "$GROW_LAYERS"); fi
     for name in conv-v2 conv-v1; do
         if compgen -G "$data/$name/*.parquet" > /dev/null; then train_data+=("$data/$name"); fi
     done
@@ -121,7 +126,7 @@ stage4|train)
         resume=(--resume_from_checkpoint "$(ls -d "$out"/checkpoint-* | sort -t- -k2 -n | tail -1)")
     fi
     OMP_NUM_THREADS=2 dspark-hf train --target smollm2-135m-instruct --target_dtype auto $bf16 \
-        --drafter "$from" \
+        --drafter "$from" "${grow[@]}" \
         --train_data "${train_data[@]}" --eval_split_size 64 --tau_eval_prompts 8 \
         --max_length 1024 --num_anchors 512 --per_device_train_batch_size 1 --gradient_accumulation_steps 4 \
         --learning_rate "${LR:-2e-4}" --lr_scheduler_type cosine --warmup_steps 0.02 --num_train_epochs 1 \
@@ -133,7 +138,7 @@ stage4|train)
     python -c "import sys, torch; from dspark_hf import DSparkDrafter; from dspark_hf.models import load_target
 target, _ = load_target()
 DSparkDrafter.from_pretrained(sys.argv[1], target=target, dtype=torch.float32).to(torch.bfloat16).save_compact(sys.argv[2])" \
-        "$out" "$data/stages/stage$stage"
+        "$out" "$data/stages/stage$stage$tag"
     ;;
 eval)
     candidate=${CANDIDATE:?CANDIDATE=drafter folder to compare with the shipped drafter}

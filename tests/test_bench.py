@@ -374,14 +374,18 @@ def test_bench_load_reports_the_target_dtype_and_identity(prompt_files, tmp_path
     make_drafter(target, block_size=3).save_pretrained(tmp_path / "drafter")
     monkeypatch.setattr(bench_load, "load_target", lambda *args, **kwargs: (target, tokenizer))
     argv = ["--drafter", str(tmp_path / "drafter"), "--prompts", str(prompt_files[0]), "--concurrency", "2",
-            "--requests", "3", "--max_new_tokens", "4", "--methods", "target,full", "--repeats", "1",
-            "--target-dtype", "float32", "--output_dir", str(tmp_path / "out")]
+            "--requests", "3", "--max_new_tokens", "4", "--methods", "target,full,prompt_lookup,full+lookup",
+            "--repeats", "1", "--target-dtype", "float32", "--output_dir", str(tmp_path / "out")]
     assert bench_load.main(argv) == 0
     document = json.loads((tmp_path / "out" / "bench_load.json").read_text())
     assert document["settings"]["target_dtype"] == "float32"
     assert document["settings"]["target_dtype_resolved"] == "float32"
     rows = {row["method"]: row for row in document["results"]}
-    assert rows["full"]["identical"] == rows["full"]["identical_of"] == 3 and rows["full"]["divergences"] == 0
+    for method in ("full", "prompt_lookup", "full+lookup"):
+        assert rows[method]["identical"] == rows[method]["identical_of"] == 3 and rows[method]["divergences"] == 0
+    assert rows["prompt_lookup"]["rounds"] > 0 and "lookup_rounds" in rows["full+lookup"]
+    with pytest.raises(ValueError, match=r"--methods full\+eagle: the only addition to a policy is '\+lookup'"):
+        bench_load.main(argv[:11] + ["target,full+eagle"] + argv[12:])
     assert "identical" not in rows["target"] and "outputs" not in rows["full"]
     assert "Target in float32" in (tmp_path / "out" / "bench_load.md").read_text()
 

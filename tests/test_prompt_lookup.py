@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import left_pad, make_drafter, make_target
+from conftest import left_pad, make_drafter, make_target, solo
 from dspark_hf.generation.lookup import PromptLookup, find_continuation
 from dspark_hf.generation.policies import FixedLengthPolicy, HardwareAwarePolicy
 
@@ -128,8 +128,47 @@ def test_lookup_rounds_happen_and_are_accepted_on_repetitive_output():
     assert lookup_accepted > 0 and drafter_rounds > 0
 
 
-def test_prompt_lookup_with_a_batch_says_it_runs_at_batch_size_one(target, drafter):
-    input_ids, attention_mask = left_pad([[5, 6, 7], [8, 9]])
-    with pytest.raises(ValueError, match="prompt_lookup_num_tokens=4 with a DSpark drafter runs at batch size 1"):
-        target.generate(input_ids, attention_mask=attention_mask, assistant_model=drafter, do_sample=False,
-                        max_new_tokens=4, prompt_lookup_num_tokens=4)
+# Speeds by tokens in the verification forward: nearly flat (verification almost free, as in bf16), and a cliff where a
+# second token per row costs more than it can give.
+FLAT = {tokens: 10.0 - 0.01 * tokens for tokens in range(1, 129)}
+CLIFF = {tokens: 10.0 if tokens <= 4 else 1.0 for tokens in range(1, 129)}
+BATCH_POLICIES = {"full": lambda: "full", "hardware_aware": lambda: HardwareAwarePolicy(FLAT, draft_seconds=0.0),
+                  "cliff": lambda: HardwareAwarePolicy(CLIFF, draft_seconds=0.0), "no drafter": lambda: None}
+
+
+@pytest.mark.parametrize("policy", sorted(BATCH_POLICIES))
+def test_batched_engine_with_prompt_lookup_keeps_every_row_the_targets_greedy_output(policy, lossless_cases):
+    """Rows take lookup drafts where their sequence repeats and the drafter's elsewhere, in one forward; every row stays
+    its solo greedy output. On the cliff no lookup width pays; without a drafter the engine is batched prompt lookup."""
+    from dspark_hf.generation.batched import DSparkBatchEngine
+
+    lookup_accepted = rounds = 0
+    prompts = [[5, 17, 42, 90, 7, 8, 9, 5, 17], [3, 4, 3, 4, 3], [60, 61, 62], [8, 9, 10, 8, 9, 10, 8]]
+    for seed in range(3):
+        target = make_target("llama", seed=seed)
+        drafter = None if policy == "no drafter" else make_drafter(target, block_size=4)
+        engine = DSparkBatchEngine(target, drafter, policy=BATCH_POLICIES[policy](), pad_token_id=0,
+                                   prompt_lookup_num_tokens=5)
+        requests = [engine.add_request(prompt, 30) for prompt in prompts]
+        engine.run()
+        for prompt, request in zip(prompts, requests):
+            assert request.output_ids == solo(target, prompt, 30, eos_token_id=None)
+            lookup = [r for r in request.stats.rounds if r.source == "lookup"]
+            assert all(0 < r.verified <= 5 and not r.drafted and not r.confidences for r in lookup)
+            lookup_accepted += sum(r.accepted for r in lookup)
+            rounds += len(lookup)
+        lossless_cases["greedy batched prompt lookup"] += len(prompts)
+    if policy == "cliff":
+        assert rounds == 0
+    else:
+        assert lookup_accepted > 0
+
+
+def test_generate_with_a_batch_and_prompt_lookup_runs_the_batched_engine(target, drafter):
+    prompts = [[5, 6, 7, 5, 6], [8, 9]]
+    input_ids, attention_mask = left_pad(prompts)
+    out = target.generate(input_ids, attention_mask=attention_mask, assistant_model=drafter, do_sample=False,
+                          max_new_tokens=12, prompt_lookup_num_tokens=4, pad_token_id=0)
+    for row, prompt in enumerate(prompts):
+        assert out[row, input_ids.shape[1]:].tolist() == solo(target, prompt, 12, eos_token_id=None)
+    assert len(drafter.batch_generation_stats) == 2

@@ -193,6 +193,31 @@ def test_prompt_lookup_rounds_sampling_follows_the_target_distribution(policy, l
     lossless_cases["sampling"] += NUM_SAMPLES
 
 
+@pytest.mark.parametrize("policy", ["full", "hardware_aware"])
+def test_batched_prompt_lookup_sampling_follows_the_target_distribution(policy, lossless_cases):
+    """The batched engine with `prompt_lookup_num_tokens`: rows verify lookup drafts (a one-hot proposal) beside rows
+    verifying drafted blocks (speculative sampling), in one forward."""
+    target, drafter = _models()
+    drafter.verification_policy = {"full": FullBlockPolicy, "hardware_aware": lambda: HardwareAwarePolicy(
+        {BATCH_ROWS * width: speed for width, speed in enumerate([1.0, 0.95, 0.9, 0.85], start=1)},
+        draft_seconds=0.0)}[policy]()
+    accepted = {"lookup": 0, "drafter": 0}
+
+    def sampler(target, drafter):
+        prompts = LOOKUP_PROMPT.repeat(BATCH_ROWS, 1)
+        out = target.generate(prompts, attention_mask=torch.ones_like(prompts), assistant_model=drafter,
+                              prompt_lookup_num_tokens=2, **GEN)
+        for stats in drafter.batch_generation_stats:
+            for r in stats.rounds:
+                accepted[r.source] += r.accepted
+        return out[:, LOOKUP_PROMPT.shape[1] + 1: LOOKUP_PROMPT.shape[1] + 3].tolist()
+
+    statistic, cells = _chi_square(target, drafter, seed=6, sampler=sampler, prompt=LOOKUP_PROMPT)
+    assert accepted["lookup"] > 0, accepted
+    assert statistic < _critical_value(cells), (statistic, cells)
+    lossless_cases["sampling"] += NUM_SAMPLES
+
+
 def test_negative_control_a_wrong_draft_distribution_is_detected(monkeypatch):
     """Verifying slot 2's draft against slot 1's distribution (the Markov correction for the drafted token dropped) must
     break the distribution, at the sample size of the tests above (cheap on the batched engine: the statistic's power

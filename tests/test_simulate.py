@@ -159,25 +159,32 @@ def test_batch1_replay_with_prompt_lookup_takes_the_live_rounds(models, trace, s
     assert sources == {"lookup", "drafter"}
 
 
-@pytest.mark.parametrize("spec", ["target", "full", "fixed:2", "threshold", "hardware_aware"])
+@pytest.mark.parametrize("spec", ["target", "full", "fixed:2", "threshold", "hardware_aware", "full+lookup",
+                                  "hardware_aware+lookup", "prompt_lookup"])
 def test_engine_replay_takes_the_live_rounds(models, trace, spec):
-    """The batched engine under a closed loop of 2, live (tick clock) and simulated (one tick per pass and step)."""
+    """The batched engine under a closed loop of 2, live (tick clock) and simulated (one tick per pass and step);
+    with prompt lookup, rows choose lookup drafts or the drafter's alike, and lookup drafts are accepted as the trace's
+    output says."""
     target, drafter, eos = models
     tables = {1: SPS, 2: {w: s / 1.5 for w, s in SPS.items()}}
     live_policy, simulated_policy = make_policy(spec, SPS), make_policy(spec, SPS)
+    lookup = 6 if spec.endswith("+lookup") or spec == "prompt_lookup" else None
     live = DSparkBatchEngine(target, drafter if live_policy else None, policy=live_policy, eos_token_id=eos,
-                             steps_per_second_by_rows=tables)
+                             steps_per_second_by_rows=tables, prompt_lookup_num_tokens=lookup)
     live.clock = TickClock().perf_counter
     cost = KneeCost(forward_seconds=TICK, knee_tokens=10**6, draft_seconds=TICK)
     simulated = SimulatedBatchEngine(trace.sequences, cost, trace.block_size, simulated_policy, [eos],
-                                     steps_per_second_by_rows=tables)
+                                     steps_per_second_by_rows=tables, prompt_lookup_num_tokens=lookup)
     for engine in (live, simulated):
         run_level(engine, PROMPTS, 2, 5, MAX_NEW_TOKENS)
     assert [r.output_ids for r in live.finished] == [r.output_ids for r in simulated.finished]
-    rounds = lambda engine: [[(x.verified, x.accepted, x.drafted) for x in r.stats.rounds] for r in engine.finished]  # noqa: E731
+    rounds = lambda engine: [[(x.verified, x.accepted, x.drafted, x.source) for x in r.stats.rounds]  # noqa: E731
+                             for r in engine.finished]
     assert rounds(live) == rounds(simulated)
     if spec == "fixed:2":  # the engine verifies K drafts per round for fixed:K (not the whole block)
         assert {x[0] for r in rounds(live) for x in r} <= {0, 1, 2}
+    if lookup:
+        assert any(x[3] == "lookup" and x[1] > 0 for r in rounds(live) for x in r)
 
 
 def _hand_made_sequence() -> TraceSequence:
@@ -242,8 +249,9 @@ def test_simulate_command(tmp_path, capsys):
     assert simulate_main(with_lookup) == 0
     summary = json.loads((tmp_path / "lookup" / "simulate.json").read_text())["batch1"]["summary"]
     assert {row["method"] for row in summary} >= {"prompt_lookup", "hardware_aware", "hardware_aware+lookup"}
-    assert simulate_main(argv[:5] + ["batch1,2"] + with_lookup[6:]) == 2
-    assert "prompt lookup runs at batch 1 only" in capsys.readouterr().err
+    assert simulate_main(argv[:5] + ["batch1,2"] + with_lookup[6:-1] + [str(tmp_path / "lookup-load")]) == 0
+    load = json.loads((tmp_path / "lookup-load" / "simulate.json").read_text())["load"]
+    assert {row["method"] for row in load} == {"target", "prompt_lookup", "hardware_aware", "hardware_aware+lookup"}
 
 
 def test_probe_samples_while_its_width_reaches_past_the_slot():

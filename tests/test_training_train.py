@@ -232,3 +232,35 @@ def test_help_lists_dspark_and_common_options_and_every_option_still_parses(caps
     assert "--adam_beta2" in full and "--num_anchors" in full and len(full) > 2 * len(short)
     *_, training_args = train.parse_args(["--output_dir", "x", "--adam_beta2", "0.95", "--dataloader-num-workers", "1"])
     assert training_args.adam_beta2 == 0.95 and training_args.dataloader_num_workers == 1
+
+
+def test_grown_layers_start_as_the_identity_and_train(tmp_path, capsys):
+    target = _save_target(tmp_path)
+    drafter = DSparkDrafter.from_target(target, block_size=3, markov_rank=8)
+    drafter.save_pretrained(tmp_path / "one")
+    grown = train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "one"), grow_layers=1), target)
+    assert grown.config.num_hidden_layers == 2 and len(grown.layers) == 2
+    assert grown.config.layer_types == ["full_attention"] * 2
+    # same drafts, same confidences: the new layer passes its input through until training moves it
+    hidden = torch.randn(2, 5, len(drafter.config.target_layer_ids) * drafter.config.hidden_size)
+    ids = torch.randint(0, target.config.vocab_size, (2, 3))
+    positions, context_positions = torch.arange(5, 8).expand(2, 3), torch.arange(5).expand(2, 5)
+    with torch.no_grad():
+        before = drafter.float()(ids, target_hidden_states=hidden, position_ids=positions,
+                                 context_position_ids=context_positions)
+        after = grown(ids, target_hidden_states=hidden, position_ids=positions, context_position_ids=context_positions)
+    torch.testing.assert_close(after.logits, before.logits, rtol=0, atol=0)
+    assert not torch.equal(grown.layers[1].self_attn.q_proj.weight, torch.zeros_like(grown.layers[1].self_attn.q_proj.weight))
+
+    argv = ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "one"), "--grow_layers", "1",
+            "--max_steps", "2", "--num_anchors", "4", "--train_data", _save_data(tmp_path, target), "--output_dir",
+            str(tmp_path / "run"), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--eval_strategy", "no"]
+    assert train.main(argv) == 0
+    trained = DSparkDrafter.from_pretrained(tmp_path / "run")
+    assert trained.config.num_hidden_layers == 2
+    assert trained.layers[1].self_attn.o_proj.weight.abs().sum() > 0  # the zeroed branch is learning
+
+    with pytest.raises(ValueError, match="widens a trained drafter: give it with --drafter"):
+        train.build_drafter(train.DSparkModelArguments(grow_layers=1), target)
+    error = _cli_error(argv[:4] + ["--grow_layers", "0"] + argv[6:], capsys)
+    assert "grow by 0 layers: give at least 1" in error

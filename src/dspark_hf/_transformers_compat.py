@@ -157,12 +157,6 @@ def _make_assisted_decoding(original):
                             streamer, inputs_tensor, assistant_model, *args, **model_kwargs)
         from .generation.batched import generate_batch
 
-        if generation_config.prompt_lookup_num_tokens:
-            raise ValueError(
-                f"prompt_lookup_num_tokens={generation_config.prompt_lookup_num_tokens} with a DSpark drafter runs at "
-                f"batch size 1, got a batch of {input_ids.shape[0]}: drop prompt_lookup_num_tokens for batched "
-                "generation, or generate one prompt at a time."
-            )
         unsupported = [type(c).__name__ for c in stopping_criteria if type(c).__name__ not in _SUPPORTED_STOPPING]
         if unsupported or streamer is not None or generation_config.return_dict_in_generate:
             raise ValueError(
@@ -175,6 +169,8 @@ def _make_assisted_decoding(original):
             generation_config.do_sample, logits_processor, eos_token_ids(generation_config),
             generation_config._pad_token_tensor.item() if generation_config._pad_token_tensor is not None else None,
             policy=policy_for_call(changed_speculation_settings(generation_config)),
+            prompt_lookup_num_tokens=generation_config.prompt_lookup_num_tokens,
+            max_matching_ngram_size=generation_config.max_matching_ngram_size,
         )
 
     return _assisted_decoding

@@ -386,6 +386,35 @@ class DSparkDrafter(DSparkPreTrainedModel):
                     kept.add(name)
         return sorted(kept)
 
+    @torch.no_grad()
+    def grow_layers(self, num_new_layers: int) -> None:
+        """Appends `num_new_layers` draft layers that start as the identity, so the drafter drafts exactly as before.
+
+        Each new layer's two residual branches end in a zeroed projection (attention output and MLP down projection):
+        its output is its input until training moves those weights, and the gradient reaches them at the first step.
+        This widens a trained drafter without losing what it learned (the capacity lever of a training campaign); the
+        new layers' other weights take the drafter's initialisation.
+
+        Args:
+            num_new_layers (`int`): how many layers to append, at least 1.
+        """
+        if num_new_layers < 1:
+            raise ValueError(f"grow by {num_new_layers} layers: give at least 1.")
+        config, first = self.config, len(self.layers)
+        config.num_hidden_layers = first + num_new_layers
+        config.layer_types = ["full_attention"] * config.num_hidden_layers
+        reference = next(p for p in self.layers.parameters())
+        for index in range(first, config.num_hidden_layers):
+            layer = self.family_layers.decoder_layer(config, index)
+            self._init_weights_of(layer)
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+            self.layers.append(layer.to(device=reference.device, dtype=reference.dtype))
+
+    def _init_weights_of(self, module: nn.Module) -> None:
+        for submodule in module.modules():
+            self._init_weights(submodule)
+
     @classmethod
     def from_target(cls, target: PreTrainedModel, **kwargs) -> "DSparkDrafter":
         """A fresh (untrained) drafter for `target`, with the target's embedding and LM head copied in and frozen.

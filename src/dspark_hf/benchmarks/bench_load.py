@@ -3,7 +3,8 @@
 At each concurrency level c, a closed loop keeps c requests in flight in a [`DSparkBatchEngine`] (a finished request
 is replaced by the next prompt at the following round) until `--requests` have finished. Methods run interleaved per
 level (`--repeats` passes, rotating the order, pooled): target-only batched decoding, then DSpark with each
-verification policy. Reports total tokens/s at full load (the steps with c requests in flight) and over the whole
+verification policy (`POLICY+lookup`: with prompt lookup inside its rounds; `prompt_lookup`: batched prompt lookup
+decoding without a drafter). Reports total tokens/s at full load (the steps with c requests in flight) and over the whole
 run (including the drain once the queue is empty), each with its ratio to target-only at the same level, mean
 per-request tokens/s, tau and the share of rounds run without the drafter, and how many requests' outputs equal
 target-only's for the same request (with the target's logit margin where they part, which happens outside float32 at
@@ -45,7 +46,12 @@ def _parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated levels")
     parser.add_argument("--requests", type=int, default=None, help="requests finished per level (default: 2 × c, >= 8)")
     parser.add_argument("--max_new_tokens", type=int, default=64)
-    parser.add_argument("--methods", default="target,full,threshold,hardware_aware")
+    parser.add_argument("--methods", default="target,full,threshold,hardware_aware",
+                        help="comma-separated: target, prompt_lookup (batched, no drafter), and verification policies, "
+                        "each optionally POLICY+lookup (prompt lookup inside DSpark rounds) (default: %(default)s)")
+    parser.add_argument("--prompt_lookup_num_tokens", type=int, default=10,
+                        help="most lookup drafts per row and round for prompt_lookup and POLICY+lookup "
+                        "(default: %(default)s)")
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--sps", default=None, help="profile from `dspark-hf profile` (default: drafter folder's)")
     parser.add_argument("--output_dir", required=True)
@@ -55,6 +61,8 @@ def _parse_args(argv) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.prompt_lookup_num_tokens < 1:
+        parser.error(f"--prompt_lookup_num_tokens must be >= 1, got {args.prompt_lookup_num_tokens}")
     return args
 
 
@@ -108,6 +116,7 @@ def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: 
         "mean_verified": sum(r.verified for r in rounds) / len(rounds) if rounds else 0.0,
         "rounds": len(rounds),
         "skipped_rounds": sum(not r.drafted for r in rounds),
+        "lookup_rounds": sum(r.source == "lookup" for r in rounds),
         "prompt_ids": [list(r.prompt_ids) for r in requests],  # in admission order, the same in every method
         "outputs": [list(r.output_ids) for r in requests],
     }
@@ -156,6 +165,7 @@ def pool_passes(passes: list[dict]) -> dict:
         "mean_verified": sum(p["mean_verified"] * p["rounds"] for p in passes) / rounds if rounds else 0.0,
         "rounds": rounds,
         "skipped_rounds": sum(p["skipped_rounds"] for p in passes),
+        "lookup_rounds": sum(p.get("lookup_rounds", 0) for p in passes),
     }
 
 
@@ -165,11 +175,19 @@ def _engines(args, target, drafter, pad_token_id, eos_token_id):
     if Path(sps_path).is_file():
         profile = json.loads(Path(sps_path).read_text())
         by_rows = {int(k): v for k, v in profile.get("by_batch_size", {}).items()} or None
+    lookup_tokens = args.prompt_lookup_num_tokens
     for name in args.methods.split(","):
-        if name == "target":
-            yield name, lambda: DSparkBatchEngine(target, None, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+        if name in ("target", "prompt_lookup"):
+            tokens = lookup_tokens if name == "prompt_lookup" else None
+            yield name, lambda t=tokens: DSparkBatchEngine(target, None, eos_token_id=eos_token_id,
+                                                           pad_token_id=pad_token_id, prompt_lookup_num_tokens=t)
             continue
-        if name == "hardware_aware":
+        policy_name, plus, extra = name.partition("+")
+        if plus and extra != "lookup":
+            raise ValueError(f"--methods {name}: the only addition to a policy is '+lookup' (prompt lookup inside "
+                             "DSpark rounds), e.g. hardware_aware+lookup.")
+        tokens = lookup_tokens if plus else None
+        if policy_name == "hardware_aware":
             if not Path(sps_path).is_file():
                 print(f"[bench-load] skipping hardware_aware: no profile at {sps_path} (run `dspark-hf profile`)")
                 continue
@@ -179,13 +197,14 @@ def _engines(args, target, drafter, pad_token_id, eos_token_id):
             if mismatch:
                 print(f"[bench-load] skipping hardware_aware: {mismatch}, then pass it as --sps")
                 continue
-            policy = get_policy(name, steps_per_second=str(sps_path))
-        elif name == "threshold":
-            policy = get_policy(name, threshold=args.threshold)
+            policy = get_policy(policy_name, steps_per_second=str(sps_path))
+        elif policy_name == "threshold":
+            policy = get_policy(policy_name, threshold=args.threshold)
         else:
-            policy = get_policy(name)
-        yield name, (lambda p=policy: DSparkBatchEngine(target, drafter, policy=p, eos_token_id=eos_token_id,
-                                                        pad_token_id=pad_token_id, steps_per_second_by_rows=by_rows))
+            policy = get_policy(policy_name)
+        yield name, (lambda p=policy, t=tokens: DSparkBatchEngine(
+            target, drafter, policy=p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+            steps_per_second_by_rows=by_rows, prompt_lookup_num_tokens=t))
 
 
 def _plot(results: list[dict], path: Path) -> None:
@@ -265,17 +284,19 @@ def main(argv=None) -> int:
              "decoding in the same dtype (margin: the target's top-1 minus top-2 logit at each first divergence).",
              "",
              "| concurrency | method | tok/s at full load | vs target | whole-run tok/s | vs target | "
-             "per-request tok/s | tau | mean verified | rounds without drafter | identical | margin max / median |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "per-request tok/s | tau | mean verified | rounds without drafter | of them lookup | identical | "
+             "margin max / median |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         ratios = [f"{r[key]:.3f}x" if key in r else "-" for key in ("full_load_vs_target", "throughput_vs_target")]
         skipped = f"{r['skipped_rounds'] / r['rounds']:.0%}" if r["rounds"] else "-"
+        lookup = f"{r.get('lookup_rounds', 0) / r['rounds']:.0%}" if r["rounds"] else "-"
         identical = f"{r['identical']}/{r['identical_of']}" if "identical" in r else "-"
         margins = (f"{r['divergence_margin_max']:.3f} / {r['divergence_margin_median']:.3f}"
                    if r.get("divergences") else "-")
         lines.append(f"| {r['concurrency']} | {r['method']} | {r['full_load_throughput_tok_s']:.2f} | {ratios[0]} | "
                      f"{r['throughput_tok_s']:.2f} | {ratios[1]} | {r['per_request_tok_s']:.2f} | {r['tau']:.2f} | "
-                     f"{r['mean_verified']:.2f} | {skipped} | {identical} | {margins} |")
+                     f"{r['mean_verified']:.2f} | {skipped} | {lookup} | {identical} | {margins} |")
     (out / "bench_load.md").write_text("\n".join(lines) + "\n")
     _plot(results, out / "bench_load.png")
     print("\n".join(lines))

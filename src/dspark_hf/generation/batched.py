@@ -4,7 +4,8 @@ transformers' assisted loop runs one sequence at a time. `DSparkBatchEngine` run
 block, a verification-length policy picks per-request lengths from all requests' confidences (the hardware-aware
 policy runs as `PlannedWidthPolicy`: one verification width for all rows), the target verifies every row in one
 forward, and each row accepts its own number of tokens. Requests may join between rounds (simple continuous batching)
-and leave when done.
+and leave when done. With `prompt_lookup_num_tokens`, a row whose last n-gram occurred earlier in its sequence verifies
+the continuation found there instead of its drafted block (`generation/lookup.py`), in the same forward as the others.
 
 Rows share one slot axis in both KV caches (target and drafter): a verification appends ``1 + max_r ℓ_r`` slots to
 every row, and `slot_mask` marks which hold committed tokens. Rejected drafts and padding stay behind as masked holes;
@@ -25,9 +26,11 @@ from ..modeling_dspark import DSparkDrafter
 from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
 from .drafting import DraftedBlock, block_inputs, pick_tokens, sample_drafts, verify
-from .policies import VerificationPolicy, resolve_policy
+from .lookup import MIN_NGRAM, PromptLookup
+from .policies import PlannedWidthPolicy, VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
 from .verification_policy import RoundOutcome
+from ..scheduling import plan_verification_width
 
 
 COMPACT_MIN_SLOTS = 8  # never compact the caches for fewer reclaimable slots than this
@@ -46,6 +49,7 @@ class DSparkRequest:
     last_confidences: list[float] | None = None  # the previous round's c_1..c_B: stale information for planning
     arrival_time: float = 0.0
     finish_time: float | None = None
+    lookup: PromptLookup | None = None  # this request's prompt lookup and its acceptance estimates
 
     @property
     def sequence(self) -> list[int]:
@@ -68,6 +72,13 @@ class DSparkBatchEngine:
         steps_per_second_by_rows (`Mapping[int, Mapping[int, float]]`, *optional*): a profile's per-batch-size
             tables (`by_batch_size` of `dspark-hf profile`) for the hardware-aware policy; without it the policy's
             batch-1 curve is read at the total token count of the padded forward.
+        prompt_lookup_num_tokens (`int`, *optional*): prompt lookup inside rounds, at most this many lookup drafts
+            per row (transformers' knob of the same name). A row whose last 2+ tokens occurred earlier in its sequence
+            verifies what followed them there instead of its drafted block; when the policy skips drafting, a
+            one-token match counts too. With the hardware-aware policy the lookup rows' widths are planned on the
+            profiled curve for this many rows from each request's measured lookup acceptance (drafting is free there);
+            otherwise a match is verified whole. Without a drafter the engine is batched prompt lookup decoding.
+        max_matching_ngram_size (`int`, defaults to 3): the longest n-gram matched.
 
     Example:
 
@@ -93,7 +104,13 @@ class DSparkBatchEngine:
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int = 0,
         steps_per_second_by_rows: Mapping[int, Mapping[int, float]] | None = None,
+        prompt_lookup_num_tokens: int | None = None,
+        max_matching_ngram_size: int = 3,
     ):
+        if prompt_lookup_num_tokens is not None and prompt_lookup_num_tokens < 1:
+            raise ValueError(f"prompt_lookup_num_tokens must be >= 1 to use prompt lookup (None turns it off), got "
+                             f"{prompt_lookup_num_tokens}.")
+        self.prompt_lookup_num_tokens, self.max_matching_ngram_size = prompt_lookup_num_tokens, max_matching_ngram_size
         self.policy: VerificationPolicy | None = None
         if drafter is not None:
             drafter.check_target(target)
@@ -128,8 +145,11 @@ class DSparkBatchEngine:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
         block = self.drafter.config.block_size if self.drafter is not None else 0
+        lookup = None
+        if self.prompt_lookup_num_tokens:
+            lookup = PromptLookup(self.prompt_lookup_num_tokens, self.max_matching_ngram_size, sorted(self.eos_token_ids))
         request = DSparkRequest(self._next_id, prompt, max_new_tokens, stats=DSparkGenerationStats(block),
-                                arrival_time=self.clock())
+                                arrival_time=self.clock(), lookup=lookup)
         self._next_id += 1
         self.waiting.append(request)
         return request
@@ -264,21 +284,33 @@ class DSparkBatchEngine:
 
     def _round(self) -> list[DSparkRequest]:
         budgets = [r.max_new_tokens - len(r.output_ids) - 1 for r in self.active]  # drafts that still fit
-        rows, draft, draft_seconds = len(self.active), None, None
-        if self.drafter is not None and self.policy.begin_round([r.last_confidences for r in self.active],
-                                                                self.drafter.config.block_size):
-            start = self.clock()
-            draft = self._draft(budgets)
-            draft_seconds = self.clock() - start
-            if draft.observed:  # the confidences the policy plans the rows' next round from
-                for request, values in zip(self.active, draft.confidences):
-                    request.last_confidences = values
-        lengths = draft.lengths if draft is not None else [0] * rows  # no drafter pass: plain decoding
+        rows, draft, draft_seconds, began = len(self.active), None, None, False
+        matches = self._lookup_matches(budgets)
+        strong = [ngram >= MIN_NGRAM for _, ngram in matches]
+        # A round where every row has a match of 2+ tokens needs no drafter pass (nor a plan: as at batch size 1, the
+        # policy hears only of its own rounds).
+        if self.drafter is not None and not all(strong):
+            began = True
+            if self.policy.begin_round([r.last_confidences for r in self.active], self.drafter.config.block_size):
+                start = self.clock()
+                draft = self._draft(budgets)
+                draft_seconds = self.clock() - start
+                if draft.observed:  # the confidences the policy plans the rows' next round from
+                    for request, values in zip(self.active, draft.confidences):
+                        request.last_confidences = values
+        lengths = list(draft.lengths) if draft is not None else [0] * rows  # no drafter pass: plain decoding
+        lookup_rows = self._lookup_lengths(matches, strong if draft is not None else None, lengths)
+        for row, length in lookup_rows.items():
+            lengths[row] = length
         longest = max(lengths)
         step_start = self.clock()
-        verify_ids = self.anchor[:, None].clone()
-        if longest:
-            verify_ids = torch.cat([verify_ids, draft.ids[:, :longest]], dim=1)
+        verify_ids = self.anchor.new_full((rows, 1 + longest), self.pad_token_id)
+        verify_ids[:, 0] = self.anchor
+        if draft is not None and longest:
+            drafted = draft.ids[:, :longest]
+            verify_ids[:, 1:1 + drafted.shape[1]] = drafted
+        for row, length in lookup_rows.items():
+            verify_ids[row, 1:1 + length] = matches[row][0][:length].to(verify_ids.device)
         offsets = torch.arange(longest + 1, device=self.device)
         new_mask = offsets[None, :] <= torch.tensor(lengths, device=self.device)[:, None]
         verify_ids = verify_ids.masked_fill(~new_mask, self.pad_token_id)
@@ -288,24 +320,65 @@ class DSparkBatchEngine:
         )
         committed, accepted = {}, []
         for row, request in enumerate(self.active):
-            committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits, draft)
+            lookup = row in lookup_rows
+            committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits,
+                                                            None if lookup else draft)
             accepted.append(num_accepted)
-            self._record_round(request, row, lengths[row], num_accepted, draft)
+            if lookup:
+                request.lookup.record(lengths[row], num_accepted, matches[row][1])
+                request.stats.rounds.append(DSparkRoundStats([], lengths[row], num_accepted, drafted=False,
+                                                             draft_ids=verify_ids[row, 1:1 + lengths[row]].tolist(),
+                                                             source="lookup"))
+            else:
+                self._record_round(request, row, lengths[row], num_accepted, draft)
         self._advance(accepted, longest, features, positions)
-        if self.policy is not None:
-            confidences = draft.confidences if draft is not None else [[] for _ in range(rows)]
+        if began:
+            # lookup rows carry no confidences: the policy corrects its confidences from drafted rows only, and times
+            # the forward at its real width
+            confidences = [[] if row in lookup_rows or draft is None else draft.confidences[row] for row in range(rows)]
             self.policy.end_round(RoundOutcome(confidences, lengths, accepted, drafted=draft is not None,
                                                observed=draft is not None and draft.observed,
                                                draft_seconds=draft_seconds, step_seconds=self.clock() - step_start))
         return self._commit_and_retire(committed)
 
     def _record_round(self, request: DSparkRequest, row: int, length: int, accepted: int, draft) -> None:
-        """Appends a row's round to its request's statistics (none for target-only decoding)."""
+        """Appends a row's round to its request's statistics (none for target-only decoding without lookup)."""
         if draft is not None:
             request.stats.rounds.append(DSparkRoundStats(draft.confidences[row][: length + 1], length, accepted,
                                                          draft_ids=draft.ids[row, :length].tolist()))
-        elif self.drafter is not None:
+        elif self.drafter is not None or self.prompt_lookup_num_tokens:
             request.stats.rounds.append(DSparkRoundStats([], 0, 0, drafted=False))
+
+    def _lookup_matches(self, budgets: list[int]) -> list[tuple[torch.LongTensor, int]]:
+        """Each row's lookup continuation and match length (empty and 0 without prompt lookup or a match). One-token
+        matches are looked for only where a profiled policy can weigh them (they are weaker guesses)."""
+        empty = (self.anchor.new_empty(0), 0)
+        if not self.prompt_lookup_num_tokens:
+            return [empty] * len(self.active)
+        min_ngram = 1 if isinstance(self.policy, PlannedWidthPolicy) else MIN_NGRAM
+        return [request.lookup.match(torch.tensor(request.sequence), budget, min_ngram)
+                for request, budget in zip(self.active, budgets)]
+
+    def _lookup_lengths(self, matches, usable: list[bool] | None, lengths: list[int]) -> dict[int, int]:
+        """Drafts verified per row that takes lookup drafts this round, by row.
+
+        `usable` marks the rows whose match takes the round over their drafted block (`None`: nobody drafted, so any
+        match counts). With the hardware-aware policy the rows' widths are planned together on the profiled curve for
+        this many rows (`plan_verification_width`, from each request's measured lookup acceptance after a match of
+        that length, no drafting cost); a row never verifies fewer lookup drafts than the width the drafted rows
+        already pay for. Without it every match is verified whole."""
+        rows = [row for row, (found, _) in enumerate(matches) if found.numel() and (usable is None or usable[row])]
+        if not rows:
+            return {}
+        if not isinstance(self.policy, PlannedWidthPolicy):
+            return {row: matches[row][0].numel() for row in rows}
+        chosen = set(rows)
+        confidences = [[self.active[row].lookup.acceptance(ngram)] * found.numel() if row in chosen else []
+                       for row, (found, ngram) in enumerate(matches)]
+        width = plan_verification_width(confidences, self.policy.speed(len(matches)),
+                                         1 + max(len(values) for values in confidences))
+        width = max(width, 1 + max((lengths[row] for row in range(len(matches)) if row not in chosen), default=0))
+        return {row: length for row in rows if (length := min(matches[row][0].numel(), width - 1))}
 
     def _draft(self, budgets: list[int]) -> DraftedBlock:
         """One drafter forward for every row, then the shared left-to-right sampling with the Markov bias
@@ -331,11 +404,15 @@ class DSparkBatchEngine:
 
     def _verify_row(self, request, row, length, verify_ids, logits, draft) -> tuple[list[int], int]:
         """Greedy matching or speculative sampling (`drafting.verify`) for one row; returns (committed tokens, accepted
-        drafts)."""
+        drafts). Without `draft` the row's drafts are lookup drafts: a deterministic proposal, one-hot in sampling."""
         sequence, drafts = request.sequence, verify_ids[row, 1:1 + length].tolist()
         target_logits = torch.cat([self._process([sequence + drafts[:k]], logits[row, k][None])
                                    for k in range(length + 1)])
-        draft_probs = draft.logits[row, :length].softmax(dim=-1) if length else None
+        draft_probs = None
+        if length and draft is not None:
+            draft_probs = draft.logits[row, :length].softmax(dim=-1)
+        elif length and self.do_sample:
+            draft_probs = torch.nn.functional.one_hot(torch.tensor(drafts, device=logits.device), target_logits.shape[-1]).to(logits.dtype)
         target_probs = target_logits.softmax(dim=-1) if self.do_sample else None
         num_accepted, token = verify(drafts, draft_probs, target_logits, target_probs, self.do_sample)
         return drafts[:num_accepted] + [token], num_accepted
@@ -414,6 +491,8 @@ def generate_batch(
     eos_token_id: list[int] | None,
     pad_token_id: int | None,
     policy: str | VerificationPolicy | None = None,
+    prompt_lookup_num_tokens: int | None = None,
+    max_matching_ngram_size: int | None = None,
 ) -> torch.LongTensor:
     """`generate` semantics for a left-padded batch: returns `(batch, prompt + new)` ids, finished rows padded."""
     if attention_mask is None:
@@ -433,7 +512,9 @@ def generate_batch(
     if pad_token_id is None:
         raise ValueError("Batched generation needs a pad token: pass pad_token_id=... (e.g. tokenizer.pad_token_id).")
     engine = DSparkBatchEngine(target, drafter, policy=policy, do_sample=do_sample, logits_processor=logits_processor,
-                               eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+                               eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+                               prompt_lookup_num_tokens=prompt_lookup_num_tokens or None,
+                               max_matching_ngram_size=max_matching_ngram_size or 3)
     max_new_tokens = max_length - input_ids.shape[1]
     requests = [engine.add_request(row[m], max_new_tokens) for row, m in zip(input_ids, mask)]
     engine.run()

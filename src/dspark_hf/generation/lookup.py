@@ -123,15 +123,8 @@ class PromptLookup:
             drafting (`bool`): whether the drafter would run this round (the alternative lookup has to beat); `False`
                 when the policy skips drafting, so that lookup competes with plain decoding only.
         """
-        if budget < 1:
-            return input_ids.new_empty(0)
         curve = None if steps_per_second is None else StepsPerSecondCurve.from_table(steps_per_second)
-        found, ngram = match_continuation(input_ids[0], min(self.num_tokens, budget), self.max_ngram,
-                                          MIN_NGRAM if curve is None else 1)
-        if self.eos_token_ids and found.numel():
-            is_eos = torch.isin(found, torch.tensor(self.eos_token_ids, device=found.device))
-            if bool(is_eos.any()):
-                found = found[: int(is_eos.nonzero()[0])]
+        found, ngram = self.match(input_ids[0], budget, MIN_NGRAM if curve is None else 1)
         if curve is not None and found.numel():
             acceptance = self.acceptance(ngram)
             found = found[: verification_capacity([[acceptance] * found.numel()], curve)]
@@ -141,6 +134,18 @@ class PromptLookup:
                     found = found[:0]
         self.last_ngram = ngram if found.numel() else 0
         return found
+
+    def match(self, ids: torch.LongTensor, budget: int, min_ngram: int = MIN_NGRAM) -> tuple[torch.LongTensor, int]:
+        """The continuation of the longest earlier match of the suffix of `ids` `(seq,)` (`match_continuation`), at
+        most `budget` and `num_tokens` tokens, cut before any EOS token; and the match length (0: nothing found)."""
+        if budget < 1:
+            return ids.new_empty(0), 0
+        found, ngram = match_continuation(ids, min(self.num_tokens, budget), self.max_ngram, min_ngram)
+        if self.eos_token_ids and found.numel():
+            is_eos = torch.isin(found, torch.tensor(self.eos_token_ids, device=found.device))
+            if bool(is_eos.any()):
+                found = found[: int(is_eos.nonzero()[0])]
+        return found, (ngram if found.numel() else 0)
 
     def record(self, verified: int, accepted: int, ngram: int | None = None) -> None:
         """A lookup round's outcome: `accepted` of its `verified` drafts, found after an `ngram`-token match (the last

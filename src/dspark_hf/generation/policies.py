@@ -361,7 +361,7 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         self._block_size, rows = block_size, len(stale_confidences)
         prior = _mean_confidences(stale_confidences, block_size) if not all(stale_confidences) else None
         stale = [self.corrected(values or prior) for values in stale_confidences]
-        self._width = plan_verification_width(stale, self._speed(rows), block_size + 1,
+        self._width = plan_verification_width(stale, self.speed(rows), block_size + 1,
                                               draft_seconds=self.drafting_cost(rows))  # fmt: skip
         return self.draft_this_round(self._width == 1)
 
@@ -375,7 +375,7 @@ class PlannedWidthPolicy(_MeasuredPolicy):
 
     def settled(self, confidences) -> bool:
         rows = len(confidences)
-        return plan_is_settled([self.corrected(values) for values in confidences], self._speed(rows),
+        return plan_is_settled([self.corrected(values) for values in confidences], self.speed(rows),
                                self._started() + 1, draft_seconds=self.drafting_cost(rows))  # fmt: skip
 
     def end_round(self, outcome: RoundOutcome) -> None:
@@ -384,9 +384,11 @@ class PlannedWidthPolicy(_MeasuredPolicy):
     def _probe_width(self, confidences) -> int:
         """A probe's width: Algorithm 1 over widths on this round's (corrected) confidences; its drafting is paid."""
         corrected = [self.corrected(values) for values in confidences]
-        return plan_verification_width(corrected, self._speed(len(confidences)), self._started() + 1, early_stop=True)
+        return plan_verification_width(corrected, self.speed(len(confidences)), self._started() + 1, early_stop=True)
 
-    def _speed(self, rows: int):
+    def speed(self, rows: int):
+        """Steps per second of a verification forward by width, for `rows` rows (the speed model: profile and
+        measurements)."""
         return self.speed_model.speed(rows, self.steps_per_second_by_rows)
 
     def __repr__(self) -> str:

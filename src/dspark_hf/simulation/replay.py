@@ -197,13 +197,17 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         cost ([`CostModel`]): seconds of prefill, drafting and verification forwards.
         block_size (`int`): the drafter's block size.
         policy (`str` or [`VerificationPolicy`], *optional*): `None` simulates target-only batched decoding.
-        eos_token_ids (`Sequence[int]`), steps_per_second_by_rows: as for the engine.
+        eos_token_ids (`Sequence[int]`), steps_per_second_by_rows, prompt_lookup_num_tokens,
+            max_matching_ngram_size: as for the engine (lookup drafts are checked against the trace's output; with
+            `policy=None` and lookup, batched prompt lookup decoding without a drafter).
     """
 
     def __init__(self, sequences: Sequence[TraceSequence], cost: CostModel, block_size: int,
                  policy: str | VerificationPolicy | None = None, eos_token_ids: Sequence[int] = (),
-                 steps_per_second_by_rows=None):
+                 steps_per_second_by_rows=None, prompt_lookup_num_tokens: int | None = None,
+                 max_matching_ngram_size: int = 3):
         self.clock = SimulatedClock()
+        self.prompt_lookup_num_tokens, self.max_matching_ngram_size = prompt_lookup_num_tokens, max_matching_ngram_size
         self.cost = cost
         self.by_prompt = {tuple(s.prompt_ids): s for s in sequences}
         self.target, self.drafter, self.policy = None, None, None
@@ -274,6 +278,9 @@ class SimulatedBatchEngine(DSparkBatchEngine):
 
     def _verify_row(self, request, row, length, verify_ids, logits, draft) -> tuple[list[int], int]:
         sequence, committed = self._sequence_of[request.request_id], len(request.output_ids)
+        if draft is None and length:  # lookup drafts: accepted as far as they are the trace's output
+            accepted = _accept_length(verify_ids[row, 1:1 + length].tolist(), sequence.tokens_after(committed, length))
+            return sequence.tokens_after(committed, accepted + 1), accepted
         accepted = sequence.accepted(committed, length) if length else 0
         return sequence.tokens_after(committed, accepted + 1), accepted
 

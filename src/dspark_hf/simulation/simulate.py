@@ -33,7 +33,8 @@ from .trace import Trace
 
 
 TARGET_ONLY = "target"
-PROMPT_LOOKUP = "prompt_lookup"  # transformers' prompt lookup decoding, no drafter (batch 1)
+# prompt lookup decoding without a drafter: transformers' at batch 1, the batched engine's under load
+PROMPT_LOOKUP = "prompt_lookup"
 LOOKUP_SUFFIX = "+lookup"
 WARMUP_MAX_NEW_TOKENS = 16  # `bench` warms every method up on the first prompt with this many tokens
 
@@ -209,8 +210,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         "own speeds, a perfectly profiled machine)")
     parser.add_argument("--policies", default="target,full,fixed:1,threshold,hardware_aware",
                         help="comma-separated: target, full, fixed:K, threshold, threshold_cumulative, "
-                        "hardware_aware, hardware_aware:W, algorithm1, each with an optional +lookup (prompt lookup inside rounds, "
-                        "batch 1), and prompt_lookup (transformers' own, batch 1) (default: %(default)s)")
+                        "hardware_aware, hardware_aware:W, algorithm1, each with an optional +lookup (prompt lookup inside rounds), "
+                        "and prompt_lookup (no drafter: transformers' own at batch 1, the batched engine's under load) "
+                        "(default: %(default)s)")
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--prompt_lookup_num_tokens", type=int, default=10,
                         help="the most lookup drafts per round of a POLICY+lookup method (default: %(default)s)")
@@ -249,9 +251,6 @@ def run_simulation(args: argparse.Namespace, argv: Sequence[str]) -> dict:
     width = trace.block_size + 1
     lookup_specs = [spec for spec in specs if spec.endswith(LOOKUP_SUFFIX) or spec == PROMPT_LOOKUP]
     if lookup_specs:
-        if any(levels):
-            raise ValueError(f"--policies {lookup_specs[0]}: prompt lookup runs at batch 1 only; simulate it with "
-                             "--concurrency batch1.")
         width = max(width, args.prompt_lookup_num_tokens + 1)
     if args.sps:
         tables = {int(r): {int(w): float(s) for w, s in t.items()}
@@ -279,8 +278,10 @@ def run_simulation(args: argparse.Namespace, argv: Sequence[str]) -> dict:
 def _simulate_load(args, trace, cost, policies, tables, levels, max_new) -> list[dict]:
     results = []
     for spec, policy in policies.items():
-        make_engine = lambda p=policy: SimulatedBatchEngine(  # noqa: E731
-            trace.sequences, cost, trace.block_size, p, trace.eos_token_ids, steps_per_second_by_rows=tables)
+        tokens = args.prompt_lookup_num_tokens if spec.endswith(LOOKUP_SUFFIX) or spec == PROMPT_LOOKUP else None
+        make_engine = lambda p=policy, t=tokens: SimulatedBatchEngine(  # noqa: E731
+            trace.sequences, cost, trace.block_size, p, trace.eos_token_ids, steps_per_second_by_rows=tables,
+            prompt_lookup_num_tokens=t)
         if args.arrivals == "closed":
             rows = simulate_closed_loop(trace, make_engine, levels, max_new, args.requests, args.repeats)
         else:

@@ -76,6 +76,11 @@ class DSparkModelArguments:
         default=None,
         metadata={"help": "New drafter: start draft layer j as a copy of target layer ID_j (one id per draft layer)."},
     )
+    grow_layers: int | None = field(
+        default=None,
+        metadata={"help": "Loaded drafter: append N draft layers that start as the identity (their output projections "
+                          "zeroed), so training starts from the drafter's own drafts with more capacity."},
+    )
     draft_vocab_size: int | None = field(
         default=None,
         metadata={"help": "New drafter: draft (and train) over only the N ids most frequent in the training responses "
@@ -333,6 +338,11 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
             f"--init_from_target_layers starts a new drafter; the drafter loaded from {model_args.drafter} is already "
             "trained. Drop one of the two."
         )
+    if model_args.grow_layers is not None and not model_args.drafter:
+        raise ValueError(
+            f"--grow_layers {model_args.grow_layers} widens a trained drafter: give it with --drafter DIR, or build a "
+            "new drafter with --num_hidden_layers N instead."
+        )
     if model_args.drafter:
         drafter = DSparkDrafter.from_pretrained(model_args.drafter, target=target, dtype=torch.float32)
         config = drafter.config
@@ -347,6 +357,11 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
                 "change while training it. Drop these options to continue training it as it is, or drop --drafter "
                 "to build a new drafter with them."
             )
+        if model_args.grow_layers is not None:
+            before = config.num_hidden_layers
+            drafter.grow_layers(model_args.grow_layers)
+            logger.info(f"Grew the drafter from {before} to {config.num_hidden_layers} draft layers (new ones start as "
+                        "the identity).")
     else:
         options = {**NEW_DRAFTER_DEFAULTS, **given}
         drafter = DSparkDrafter.from_target(target, **options)
