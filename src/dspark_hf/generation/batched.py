@@ -185,11 +185,12 @@ class DSparkBatchEngine:
     def _hidden_state_indices(self) -> list[int] | None:
         return None if self.drafter is None else [i + 1 for i in self.drafter.config.target_layer_ids]
 
-    def _target_forward(self, input_ids, attention_mask, position_ids, cache):
+    def _target_forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep: int = 0):
+        """Logits (float32) at the last `logits_to_keep` positions (0: all) and the drafter's context features."""
         indices = self._hidden_state_indices()
         kwargs = {"output_hidden_states": indices} if indices else {}
         out = self.target(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids,
-                          cache=cache, use_cache=True, **kwargs)
+                          cache=cache, use_cache=True, logits_to_keep=logits_to_keep, **kwargs)
         features = None
         if indices:
             features = torch.cat([out.hidden_states[i] for i in indices], dim=-1)
@@ -211,7 +212,9 @@ class DSparkBatchEngine:
             mask[row, width - len(request.prompt_ids):] = True
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
         cache = cache_ops.slot_cache(self.target.config)
-        logits, features = self._target_forward(ids, mask, positions, cache)
+        # only the last position's logits: the LM head over every prompt position would cost more than the prompt's
+        # decoder layers (49k-id vocabulary)
+        logits, features = self._target_forward(ids, mask, positions, cache, logits_to_keep=1)
         draft_cache = None
         if self.drafter is not None:
             draft_cache = cache_ops.slot_cache(self.drafter.config)

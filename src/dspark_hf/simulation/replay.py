@@ -272,7 +272,7 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         return DraftedBlock(ids.view(rows, slots), torch.zeros(rows, slots, 0), confidences, [[] for _ in range(rows)],
                             schedule.lengths, schedule.observed(confidences))  # fmt: skip
 
-    def _target_forward(self, input_ids, attention_mask, position_ids, cache):
+    def _target_forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep: int = 0):
         self.clock.advance(self.cost.verify_seconds(*input_ids.shape))
         return None, None
 
