@@ -415,7 +415,8 @@ class DSparkBatchEngine:
         if length and draft is not None:
             draft_probs = draft.logits[row, :length].softmax(dim=-1)
         elif length and self.do_sample:
-            draft_probs = torch.nn.functional.one_hot(torch.tensor(drafts, device=logits.device), target_logits.shape[-1]).to(logits.dtype)
+            proposal = torch.tensor(drafts, device=logits.device)
+            draft_probs = torch.nn.functional.one_hot(proposal, target_logits.shape[-1]).to(logits.dtype)
         target_probs = target_logits.softmax(dim=-1) if self.do_sample else None
         num_accepted, token = verify(drafts, draft_probs, target_logits, target_probs, self.do_sample)
         return drafts[:num_accepted] + [token], num_accepted
