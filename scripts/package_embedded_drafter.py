@@ -55,6 +55,9 @@ STAGES = {
        "v2 conversations committed by then (`STAGE=5 MAX_STEPS=900 bash scripts/campaign_v2.sh WORK train`)",
     6: "stage 6: 900 steps x 4 sequences from stage 5 at lr 2e-4 (cosine), bf16 autocast, 2 threads, on the 9,706 "
        "v2 conversations committed by then (`STAGE=6 MAX_STEPS=900 bash scripts/campaign_v2.sh WORK train`)",
+    7: "stage 7: stage 6 grown to 2 draft layers (the new one starting as the identity), then 900 steps x 4 sequences "
+       "at lr 2e-4 (cosine), bf16 autocast, 2 threads, on the same 9,706 v2 conversations (`STAGE=7 GROW_LAYERS=1 "
+       "TAG=-2layer MAX_STEPS=900 bash scripts/campaign_v2.sh WORK train`)",
 }
 
 
