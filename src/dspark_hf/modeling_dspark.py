@@ -403,17 +403,14 @@ class DSparkDrafter(DSparkPreTrainedModel):
         config, first = self.config, len(self.layers)
         config.num_hidden_layers = first + num_new_layers
         config.layer_types = ["full_attention"] * config.num_hidden_layers
-        reference = next(p for p in self.layers.parameters())
+        reference = next(self.layers.parameters())
         for index in range(first, config.num_hidden_layers):
             layer = self.family_layers.decoder_layer(config, index)
-            self._init_weights_of(layer)
+            for module in layer.modules():
+                self._init_weights(module)
             layer.self_attn.o_proj.weight.zero_()
             layer.mlp.down_proj.weight.zero_()
             self.layers.append(layer.to(device=reference.device, dtype=reference.dtype))
-
-    def _init_weights_of(self, module: nn.Module) -> None:
-        for submodule in module.modules():
-            self._init_weights(submodule)
 
     @classmethod
     def from_target(cls, target: PreTrainedModel, **kwargs) -> "DSparkDrafter":

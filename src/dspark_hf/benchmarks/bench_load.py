@@ -30,6 +30,7 @@ from ..models import target_dtype
 from ..profiling import profile_dtype_mismatch
 from .bench import machine_info, version_info
 from .exactness import conversation_divergence, summarize_divergences
+from .methods import split_lookup
 from .prompts import load_prompts, render_conversation
 
 
@@ -182,11 +183,8 @@ def _engines(args, target, drafter, pad_token_id, eos_token_id):
             yield name, lambda t=tokens: DSparkBatchEngine(target, None, eos_token_id=eos_token_id,
                                                            pad_token_id=pad_token_id, prompt_lookup_num_tokens=t)
             continue
-        policy_name, plus, extra = name.partition("+")
-        if plus and extra != "lookup":
-            raise ValueError(f"--methods {name}: the only addition to a policy is '+lookup' (prompt lookup inside "
-                             "DSpark rounds), e.g. hardware_aware+lookup.")
-        tokens = lookup_tokens if plus else None
+        policy_name, lookup = split_lookup(name, f"--methods {name}")
+        tokens = lookup_tokens if lookup else None
         if policy_name == "hardware_aware":
             if not Path(sps_path).is_file():
                 print(f"[bench-load] skipping hardware_aware: no profile at {sps_path} (run `dspark-hf profile`)")

@@ -164,19 +164,26 @@ def build_methods(
                            "ablation is meant to be a drafter trained with markov_rank=0.")
     for prefix, model in (("baseline", baseline_drafter), ("dspark", drafter)):
         for spec in policies if model is not None else ():
-            spec, plus, extra = spec.partition("+")
-            if plus and extra != "lookup":
-                raise ValueError(f"Policy {spec + plus + extra!r}: the only addition to a policy is '+lookup' "
-                                 "(prompt lookup inside DSpark rounds), e.g. hardware_aware+lookup.")
+            spec, lookup = split_lookup(spec, f"Policy {spec!r}")
             name, kwargs, label = _parse_policy_spec(spec, policy_kwargs or {})
-            label += "_lookup" if plus else ""
+            label += "_lookup" if lookup else ""
             policy, reason = resolve_policy(name, model, kwargs)  # one policy object per drafter: policies keep state
             if policy is None:
                 skipped[f"{prefix}_{label}"] = reason
             else:
                 methods.append(_dspark_method(f"{prefix}_{label}", model, policy,
-                                              lookup_tokens=(prompt_lookup_num_tokens or 10) if plus else None))
+                                              lookup_tokens=(prompt_lookup_num_tokens or 10) if lookup else None))
     return methods, skipped
+
+
+def split_lookup(spec: str, named: str) -> tuple[str, bool]:
+    """`"hardware_aware+lookup"` -> `("hardware_aware", True)`: a method name's policy and whether it adds prompt lookup
+    inside DSpark rounds (the one addition a policy takes); `named` leads the error (how the caller names `spec`)."""
+    policy, plus, extra = spec.partition("+")
+    if plus and extra != "lookup":
+        raise ValueError(f"{named}: the only addition to a policy is '+lookup' (prompt lookup inside DSpark rounds), "
+                         "e.g. hardware_aware+lookup.")
+    return policy, bool(plus)
 
 
 def _parse_policy_spec(spec: str, policy_kwargs: Mapping[str, Mapping[str, Any]]) -> tuple[str, dict, str]:
