@@ -359,7 +359,13 @@ def test_hardware_aware_policy_backs_off_a_drafter_that_does_not_pay():
     record_outcome(policy, [0.99], verified=1, accepted=0)  # ... but the draft failed
     observe(policy, [0.3])
     assert [should_draft(policy) for _ in range(5)] == [False] * 4 + [True]  # backoff kept at the cap
-    record_outcome(policy, [0.5], verified=1, accepted=1)  # a round that paid what it promised
+    record_outcome(policy, [0.5], verified=1, accepted=1)  # that probe's draft did as its confidence said ...
+    observe(policy, [0.3])  # ... and the plan still says drafting does not pay
+    assert [should_draft(policy) for _ in range(5)] == [False] * 4 + [True]  # so the backoff stays at the cap
+    for _ in range(2):
+        observe(policy, [0.99])  # confident rounds (two: the plan reads them blended with the 0.3s before): plan 1
+    assert should_draft(policy)  # a planned round ...
+    record_outcome(policy, [0.5], verified=1, accepted=1)  # ... that paid what it promised
     observe(policy, [0.3])
     assert [should_draft(policy) for _ in range(2)] == [False, True]  # backoff starts over at 1
     policy.end_round(RoundOutcome([[0.9]], [1], [0], draft_seconds=0.02, step_seconds=0.1))
@@ -379,7 +385,7 @@ def test_hardware_aware_policy_measures_the_drafting_cost():
     assert policy.drafting_cost() == 0.0  # nothing measured yet: the paper's free drafter
     for seconds in (0.010, 0.020):
         policy.end_round(RoundOutcome([[0.5]], [1], [1], draft_seconds=seconds))
-    assert policy.drafting_cost() == pytest.approx(0.012)  # moving average
+    assert policy.drafting_cost() == pytest.approx(0.015)  # the median of recent passes
     policy.end_round(RoundOutcome([[0.5]] * 4, [1] * 4, [1] * 4, draft_seconds=0.040))
     assert policy.drafting_cost(4) == pytest.approx(0.040) and policy.drafting_cost(8) == pytest.approx(0.080)
     with pytest.raises(ValueError, match="draft_seconds"):
@@ -476,7 +482,12 @@ def test_speed_model_prefers_measured_step_speeds():
     policy.record_step_seconds(0.5, rows=4, width=2)
     assert policy.measured_speed(4, 2, profiled) == pytest.approx(2.0)  # measured: used as is
     policy.record_step_seconds(0.25, rows=4, width=2)
-    assert policy.measured_speed(4, 2, profiled) == pytest.approx(1 / 0.45)  # moving average
+    assert policy.measured_speed(4, 2, profiled) == pytest.approx(1 / 0.375)  # the median of recent steps
+    policy.record_step_seconds(5.0, rows=4, width=2)  # one slow step (a reallocation, another process)
+    assert policy.measured_speed(4, 2, profiled) == pytest.approx(2.0)  # moves nothing
+    for _ in range(3):
+        policy.record_step_seconds(0.25, rows=4, width=2)  # the machine got faster: the median follows
+    assert policy.measured_speed(4, 2, profiled) == pytest.approx(4.0)
     assert policy.measured_speed(8, 2, profiled) == 8.0  # other row counts keep the profile
     assert policy.measured_speed(4, 4, profiled) is None  # past the profile: still not admissible
     policy.forget()

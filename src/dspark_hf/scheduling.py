@@ -204,6 +204,7 @@ def plan_verification_width(
     max_width: int,
     draft_seconds: float = 0.0,
     early_stop: bool = False,
+    min_gain: float = 0.0,
 ) -> int:
     """The production scheduler (docs/design.md, "Production scheduler") for a padded batch: the verification width (1 +
     drafts per row) that maximizes ``(R + Σ_r Σ_{j < width} a_stale_rj) · speed(width)``, by global search over every
@@ -224,10 +225,14 @@ def plan_verification_width(
             profiled sizes.
         max_width (`int`): the widest plan allowed (block size + 1).
         draft_seconds (`float`): drafting time of a step with drafts.
+        min_gain (`float`): the relative gain over plain decoding a width above 1 must be expected to bring (0.1:
+            10% more tokens per second), a margin for what the plan does not see: timing noise behind the speeds
+            (choosing the best of noisy estimates favours the overestimated ones) and the costs drafting adds around
+            the step (holes to compact, requests that finish apart and are admitted apart).
     """
     by_width = expected_tokens_by_width(stale_confidences, max_width)
     _, expected = next(by_width)
-    best_width, best = 1, expected * (speed(1) or 0.0)
+    best_width, best = 1, expected * (speed(1) or 0.0) * (1.0 + min_gain)
     for width, expected in by_width:
         rate = speed(width)
         value = None if rate is None else drafted_step_throughput(expected, rate, draft_seconds)
@@ -421,6 +426,7 @@ def plan_is_settled(
     speed,
     max_width: int,
     draft_seconds: float = 0.0,
+    min_gain: float = 0.0,
 ) -> bool:
     """Whether a width plan made from the first k confidences of every row can no longer change with more of them.
 
@@ -438,6 +444,7 @@ def plan_is_settled(
             profiled sizes. A [`StepsPerSecondCurve`] for one request.
         max_width (`int`): the widest plan allowed (block size + 1).
         draft_seconds (`float`): drafting time of a step with drafts (see [`verification_capacity`]).
+        min_gain (`float`): the planner's margin over plain decoding ([`plan_verification_width`]).
     """
     if not observed:
         return True
@@ -446,7 +453,7 @@ def plan_is_settled(
     for width, expected in expected_tokens_by_width(observed, min(k + 1, max_width)):  # drafts all observed
         rate = speed(width)
         if width == 1:
-            best = expected * (rate or 0.0)
+            best = expected * (rate or 0.0) * (1.0 + min_gain)
         elif rate is None:
             return True  # wider forwards are out of the profiled range as well
         else:

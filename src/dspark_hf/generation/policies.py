@@ -66,6 +66,11 @@ __all__ = [
 ]
 
 
+# The batched engine's margin over plain decoding (`PlannedWidthPolicy.min_gain`): drafting must promise this much more
+# throughput. See README, "Verification policies", for the bench-load runs behind it.
+ENGINE_MIN_GAIN = 0.1
+
+
 class _MeasuredPolicy(VerificationPolicy):
     """What the hardware-aware policies share: a [`SpeedModel`], the online correction of confidences by the drafts
     actually accepted, and the backoff of drafting while plans verify nothing."""
@@ -95,6 +100,7 @@ class _MeasuredPolicy(VerificationPolicy):
         self._accepted, self._predicted = 0.0, 0.0  # decayed sums behind `acceptance_ratio`
         self._round_outcome = [0.0, 0.0]  # accepted and predicted drafts of the last verified round (all rows)
         self._probing = False  # this round drafts although nothing was planned: it verifies by Algorithm 1
+        self._probed = False  # the last round that drafted was a probe
         self._block_size: int | None = None
 
     def forget(self) -> None:
@@ -118,20 +124,23 @@ class _MeasuredPolicy(VerificationPolicy):
     def draft_this_round(self, nothing_planned: bool) -> bool:
         """Exponential backoff of drafting while the plan verifies nothing: after a probe that still plans 0, skip
         1, 2, 4, ... `max_idle_rounds` rounds before the next probe; any plan above 0 drafts every round again. The
-        backoff starts over at 1 only after a round whose drafts were accepted at least as often as their confidences
-        predicted, so a probe that plans drafts which then fail does not restart frequent probing."""
+        backoff starts over at 1 only after a planned round (not a probe) whose drafts were accepted at least as often
+        as their confidences predicted: a probe that plans drafts which then fail does not restart frequent probing,
+        and neither does a probe whose drafts did as predicted while the plan still says drafting does not pay (with
+        calibrated confidences that is every other probe, and under load, where a padded probe costs most, probing
+        would never back off)."""
         accepted, predicted = self._round_outcome
         self._round_outcome = [0.0, 0.0]
-        if predicted > 0 and accepted >= predicted:
+        if predicted > 0 and accepted >= predicted and not self._probed:
             self._backoff = 1
         if not nothing_planned:
-            self._idle_rounds = 0
+            self._idle_rounds, self._probed = 0, False
             return True
         if self._idle_rounds < self._backoff:
             self._idle_rounds += 1
             return False
         self._idle_rounds, self._backoff = 0, min(2 * self._backoff, self.max_idle_rounds)
-        self._probing = True
+        self._probing = self._probed = True
         return True
 
     def _record(self, outcome: RoundOutcome) -> None:
@@ -201,7 +210,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
             verified (see `dspark_hf.scheduling`).
         mode (`str`, defaults to `"planned"`): `"planned"` or `"algorithm1"`.
         draft_seconds (`float`, *optional*): wall time of one drafting pass at batch size 1. By default it is
-            measured while generating (a moving average, so it follows the machine's load); 0 ignores it (the
+            measured while generating (the median of recent passes, so it follows the machine's load); 0 ignores it (the
             paper's GPU setting).
         max_idle_rounds (`int`, defaults to 64): the longest run of rounds without drafting between two probes.
         outcome_decay (`float`, defaults to 0.95): weight of the past per verified round in the acceptance ratio
@@ -213,6 +222,8 @@ class HardwareAwarePolicy(_MeasuredPolicy):
             last round alone, as docs/design.md, "Production scheduler", states. Plans stay built from finished rounds
             only, so any value is lossless. Batch 1 only: the batched engine plans from every row's last round, whose
             sum over rows already averages.
+        engine_min_gain (`float`, defaults to `ENGINE_MIN_GAIN`): the batched engine's margin: it drafts only for a
+            width expected to beat plain decoding by this much ([`PlannedWidthPolicy`], `min_gain`).
     """
 
     def __init__(
@@ -223,6 +234,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
         max_idle_rounds: int = 64,
         outcome_decay: float | None = 0.95,
         plan_smoothing: float = 0.5,
+        engine_min_gain: float = ENGINE_MIN_GAIN,
     ):
         if isinstance(steps_per_second, (str, os.PathLike)):
             from ..profiling import load_steps_per_second  # lazy: profiling imports model loading
@@ -236,6 +248,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
             raise ValueError(f"plan_smoothing must be in [0, 1) (0: plan from the last round only), got {plan_smoothing}.")
         self.mode = mode
         self.plan_smoothing = plan_smoothing
+        self.engine_min_gain = _check_min_gain(engine_min_gain)
         super().__init__(SpeedModel(steps_per_second, draft_seconds), max_idle_rounds, outcome_decay)
 
     @property
@@ -258,7 +271,8 @@ class HardwareAwarePolicy(_MeasuredPolicy):
         self._smoothed: dict[int, list[float]] = {}  # row -> running average of its observed rounds' survival
 
     def for_engine(self, steps_per_second_by_rows=None) -> "PlannedWidthPolicy":
-        return PlannedWidthPolicy(self.speed_model, steps_per_second_by_rows, self.max_idle_rounds, self.outcome_decay)
+        return PlannedWidthPolicy(self.speed_model, steps_per_second_by_rows, self.max_idle_rounds, self.outcome_decay,
+                                  self.engine_min_gain)
 
     def begin_round(self, stale_confidences, block_size: int) -> bool:
         self._block_size = block_size
@@ -317,7 +331,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
         table = dict(zip(self.steps_per_second.sizes, self.steps_per_second.speeds))
         return (f"HardwareAwarePolicy(steps_per_second={table}, mode={self.mode!r}, draft_seconds={self.draft_seconds!r}, "
                 f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay}, "
-                f"plan_smoothing={self.plan_smoothing})")
+                f"plan_smoothing={self.plan_smoothing}, engine_min_gain={self.engine_min_gain})")
 
 
 class PlannedWidthPolicy(_MeasuredPolicy):
@@ -336,6 +350,8 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         steps_per_second_by_rows (`Mapping[int, Mapping[int, float]]`, *optional*): a profile's per-row-count tables
             (`by_batch_size` of `dspark-hf profile`); without them the curve is read at ``rows · width`` tokens.
         max_idle_rounds, outcome_decay: as for [`HardwareAwarePolicy`].
+        min_gain (`float`, defaults to `ENGINE_MIN_GAIN`): a width above 1 is planned only when it is expected to
+            beat plain decoding by this fraction ([`plan_verification_width`]).
     """
 
     def __init__(
@@ -344,8 +360,10 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         steps_per_second_by_rows: Mapping[int, Mapping[int, float]] | None = None,
         max_idle_rounds: int = 64,
         outcome_decay: float | None = 0.95,
+        min_gain: float = ENGINE_MIN_GAIN,
     ):
         self.steps_per_second_by_rows = steps_per_second_by_rows
+        self.min_gain = _check_min_gain(min_gain)
         super().__init__(speed_model, max_idle_rounds, outcome_decay)
 
     def reset(self) -> None:
@@ -355,14 +373,20 @@ class PlannedWidthPolicy(_MeasuredPolicy):
     def for_engine(self, steps_per_second_by_rows=None) -> "PlannedWidthPolicy":
         if steps_per_second_by_rows is None:
             return self
-        return PlannedWidthPolicy(self.speed_model, steps_per_second_by_rows, self.max_idle_rounds, self.outcome_decay)
+        return PlannedWidthPolicy(self.speed_model, steps_per_second_by_rows, self.max_idle_rounds, self.outcome_decay,
+                                  self.min_gain)
 
     def begin_round(self, stale_confidences, block_size: int) -> bool:
         self._block_size, rows = block_size, len(stale_confidences)
         prior = _mean_confidences(stale_confidences, block_size) if not all(stale_confidences) else None
         stale = [self.corrected(values or prior) for values in stale_confidences]
         self._width = plan_verification_width(stale, self.speed(rows), block_size + 1,
-                                              draft_seconds=self.drafting_cost(rows))  # fmt: skip
+                                              draft_seconds=self.drafting_cost(rows), min_gain=self.min_gain)
+        if self._width > 1 and not self.speed_model.has_step(rows, 1):
+            # What drafting has to beat is plain decoding at this many rows on the live machine, which the profile
+            # (idle, one context length) can misjudge by 10% and more; one plain round measures it.
+            self._width = 1
+            return False
         return self.draft_this_round(self._width == 1)
 
     def verified(self, slot, confidences, candidates) -> list[bool]:
@@ -376,7 +400,7 @@ class PlannedWidthPolicy(_MeasuredPolicy):
     def settled(self, confidences) -> bool:
         rows = len(confidences)
         return plan_is_settled([self.corrected(values) for values in confidences], self.speed(rows),
-                               self._started() + 1, draft_seconds=self.drafting_cost(rows))  # fmt: skip
+                               self._started() + 1, draft_seconds=self.drafting_cost(rows), min_gain=self.min_gain)
 
     def end_round(self, outcome: RoundOutcome) -> None:
         self._record(outcome)
@@ -393,7 +417,14 @@ class PlannedWidthPolicy(_MeasuredPolicy):
 
     def __repr__(self) -> str:
         return (f"PlannedWidthPolicy({self.speed_model!r}, steps_per_second_by_rows={self.steps_per_second_by_rows!r}, "
-                f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay})")
+                f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay}, min_gain={self.min_gain})")
+
+
+def _check_min_gain(min_gain: float) -> float:
+    if not (math.isfinite(min_gain) and min_gain >= 0):
+        raise ValueError(f"min_gain must be a finite fraction >= 0 (0.1: drafting must promise 10% more tokens/s), "
+                         f"got {min_gain}.")
+    return float(min_gain)
 
 
 def _mean_confidences(stale_confidences, block_size: int) -> list[float]:

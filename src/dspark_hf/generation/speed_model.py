@@ -18,14 +18,16 @@ guess, so a plan that does not pay on the live machine stops being chosen.
 from __future__ import annotations
 
 import bisect
+import statistics
+from collections import deque
 from collections.abc import Callable, Mapping
 
 from ..scheduling import StepsPerSecondCurve
 
 
-# Weight of the newest timing in the moving averages: about five steps of memory, so the model follows the machine's
-# load without chasing one slow step.
-NEWEST_WEIGHT = 0.2
+# Timings kept per size: the model reads their median, so it follows the machine's load within a few steps while one
+# slow step (a cache reallocation, a compaction, another process) moves nothing.
+WINDOW = 5
 
 
 def batch_speed_table(by_rows: Mapping[int, Mapping[int, float]], rows: int) -> Callable[[int], float | None]:
@@ -52,26 +54,37 @@ class SpeedModel:
     def __init__(self, steps_per_second, draft_seconds: float | None = None):
         self.curve = StepsPerSecondCurve.from_table(steps_per_second)
         self.draft_seconds = draft_seconds
-        self._draft_seconds: dict[int, float] = {}  # rows -> moving average of a drafting pass
-        self._step_seconds: dict[tuple[int, int], float] = {}  # (rows, width) -> moving average of a step
+        self._draft_seconds: dict[int, float] = {}  # rows -> median of recent drafting passes
+        self._step_seconds: dict[tuple[int, int], float] = {}  # (rows, width) -> median of recent steps
+        self._timings: dict[object, deque] = {}  # the recent timings behind both
 
     @property
     def step_seconds(self) -> dict[tuple[int, int], float]:
-        """The measured steps: ``{(rows, width): seconds}`` (moving averages)."""
+        """The measured steps: ``{(rows, width): seconds}`` (medians of the last `WINDOW`)."""
         return dict(self._step_seconds)
 
     def forget(self) -> None:
         """Drops every measurement (the profile stays)."""
         self._draft_seconds.clear()
         self._step_seconds.clear()
+        self._timings.clear()
 
     def record_draft_seconds(self, seconds: float, rows: int = 1) -> None:
         """Receives the wall time of a drafting pass over `rows` rows."""
-        self._draft_seconds[rows] = _moving_average(self._draft_seconds.get(rows), seconds)
+        self._draft_seconds[rows] = self._recent_median(("draft", rows), seconds)
 
     def record_step_seconds(self, seconds: float, rows: int, width: int) -> None:
         """Receives the wall time of a verification step of `rows` rows verifying `width` tokens each."""
-        self._step_seconds[(rows, width)] = _moving_average(self._step_seconds.get((rows, width)), seconds)
+        self._step_seconds[(rows, width)] = self._recent_median((rows, width), seconds)
+
+    def _recent_median(self, key, seconds: float) -> float:
+        recent = self._timings.setdefault(key, deque(maxlen=WINDOW))
+        recent.append(seconds)
+        return statistics.median(recent)
+
+    def has_step(self, rows: int, width: int) -> bool:
+        """Whether a step of `rows` rows verifying `width` tokens each has been timed."""
+        return (rows, width) in self._step_seconds
 
     def drafting_cost(self, rows: int = 1) -> float:
         """Seconds of one drafting pass over `rows` rows: the fixed `draft_seconds` per row when given, else measured
@@ -110,7 +123,3 @@ class SpeedModel:
     def __repr__(self) -> str:
         table = dict(zip(self.curve.sizes, self.curve.speeds))
         return f"SpeedModel(steps_per_second={table}, draft_seconds={self.draft_seconds!r})"
-
-
-def _moving_average(previous: float | None, value: float) -> float:
-    return value if previous is None else (1.0 - NEWEST_WEIGHT) * previous + NEWEST_WEIGHT * value
