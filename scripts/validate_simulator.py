@@ -40,6 +40,7 @@ BENCH_METHODS = {"target": "target", "dspark_full": "full", "dspark_fixed1": "fi
                  "dspark_hardware_aware_smooth0": "hardware_aware:0"}
 FITTED_BATCH1 = ("target", "dspark_full", "dspark_fixed1")
 LOAD_METHODS = ("target", "full", "threshold", "hardware_aware")
+OPTIONAL_LOAD_METHODS = ("hardware_aware+lookup",)  # validated too where the bench-load run measured them
 
 
 def _by_prompt(trace: Trace) -> dict[str, list]:
@@ -109,10 +110,12 @@ def validate_batch1(trace: Trace, results: dict, tables: dict) -> dict:
             "prompts": len(_by_prompt(trace)), "rows": rows}
 
 
-def _simulate_level(trace, tables, method, level, cost, max_new, repeats):
+def _simulate_level(trace, tables, method, level, cost, max_new, repeats, lookup_tokens=None):
     policy = make_policy(method, tables[1])
+    tokens = lookup_tokens if method.endswith("+lookup") else None
     make_engine = lambda: SimulatedBatchEngine(trace.sequences, cost, trace.block_size, policy,  # noqa: E731
-                                               trace.eos_token_ids, steps_per_second_by_rows=tables)
+                                               trace.eos_token_ids, steps_per_second_by_rows=tables,
+                                               prompt_lookup_num_tokens=tokens)
     return simulate_closed_loop(trace, make_engine, [level], max_new, repeats=repeats)[0]
 
 
@@ -134,18 +137,22 @@ def calibrate_level(trace, tables, level, measured, max_new, repeats) -> dict:
 def validate_load(trace: Trace, results: dict, tables: dict, batch1_fit: dict) -> list[dict]:
     settings = results["settings"]
     max_new, repeats = settings["max_new_tokens"], settings["repeats"]
+    if settings.get("random_range_ratio"):
+        raise ValueError("The validation replays equal budgets: pass a bench-load run without --random_range_ratio.")
+    lookup_tokens = settings.get("prompt_lookup_num_tokens")
     measured_rows = {(r["concurrency"], r["method"]): r for r in results["results"]}
     levels = sorted({c for c, _ in measured_rows})
+    methods = LOAD_METHODS + tuple(m for m in OPTIONAL_LOAD_METHODS if any(k[1] == m for k in measured_rows))
     uncalibrated = ProfileCost(tables=tables, draft_seconds=batch1_fit["draft_seconds"],
                                draft_seconds_per_slot=batch1_fit["draft_seconds_per_slot"])
     rows = []
     for level in levels:
-        measured = {m: measured_rows[(level, m)] for m in LOAD_METHODS}
+        measured = {m: measured_rows[(level, m)] for m in methods}
         fit = calibrate_level(trace, tables, level, measured, max_new, repeats)
         calibrated = ProfileCost(tables=tables, **fit)
-        for method in LOAD_METHODS:
-            ours = _simulate_level(trace, tables, method, level, calibrated, max_new, repeats)
-            raw = _simulate_level(trace, tables, method, level, uncalibrated, max_new, repeats)
+        for method in methods:
+            ours = _simulate_level(trace, tables, method, level, calibrated, max_new, repeats, lookup_tokens)
+            raw = _simulate_level(trace, tables, method, level, uncalibrated, max_new, repeats, lookup_tokens)
             rows.append({"concurrency": level, "method": method, "fit": fit,
                          "fitted": method in ("target", "full"),
                          "measured_full_load_tok_s": measured[method]["full_load_throughput_tok_s"],
@@ -206,17 +213,22 @@ def main() -> None:
     parser.add_argument("--bench_results", default=str(RESULTS / "smollm2-greedy" / "results.json"))
     parser.add_argument("--load_results", default=str(RESULTS / "smollm2-load" / "bench_load.json"))
     parser.add_argument("--profile", default=str(next(iter(EMBEDDED_DRAFTERS.values())) / "dspark_sps_profile.json"))
+    parser.add_argument("--load_profile", default=None,
+                        help="the profile of the bench-load run's dtype (default: --profile)")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args()
-    tables = {int(r): {int(w): float(v) for w, v in t.items()}
-              for r, t in json.loads(Path(args.profile).read_text())["by_batch_size"].items()}
+    tables, load_tables = (
+        {int(r): {int(w): float(v) for w, v in t.items()}
+         for r, t in json.loads(Path(path).read_text())["by_batch_size"].items()}
+        for path in (args.profile, args.load_profile or args.profile))
     bench_trace, load_trace = Trace.load(args.bench_trace), Trace.load(args.load_trace)
     bench, load = json.loads(Path(args.bench_results).read_text()), json.loads(Path(args.load_results).read_text())
     batch1 = validate_batch1(bench_trace, bench, tables)
     document = {"simulation": True, "bench_trace_command": bench_trace.metadata.get("command"),
                 "load_trace_command": load_trace.metadata.get("command"), "bench_command": bench["command"],
-                "load_command": load["command"], "profile": args.profile, "batch1": batch1,
-                "load": validate_load(load_trace, load, tables, batch1["fit"])}
+                "load_command": load["command"], "profile": args.profile,
+                "load_profile": args.load_profile or args.profile, "batch1": batch1,
+                "load": validate_load(load_trace, load, load_tables, batch1["fit"])}
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
     (output / "validation.json").write_text(json.dumps(document, indent=1) + "\n")

@@ -215,6 +215,19 @@ def test_bench_load_closed_loop_counts_every_request():
             assert row["full_load_tokens"] == 6 * 6 and row["full_load_steps"] == 2 * 5
 
 
+def test_bench_load_budgets_spread_and_apply_per_request():
+    from dspark_hf.benchmarks.bench_load import request_budgets, run_level
+
+    assert request_budgets(48, 0.0, 3, seed=0) == [48, 48, 48]
+    budgets = request_budgets(48, 0.5, 200, seed=1)
+    assert min(budgets) >= 24 and max(budgets) <= 72 and len(set(budgets)) > 20  # spread over the range
+    assert budgets == request_budgets(48, 0.5, 200, seed=1)  # seeded: every method serves the same requests
+    target = make_target("llama", seed=2)
+    row = run_level(DSparkBatchEngine(target, None, pad_token_id=0), [[5, 6, 7], [8, 9]], concurrency=2,
+                    num_requests=4, max_new_tokens=[3, 6, 2, 5])
+    assert sorted(map(len, row["outputs"])) == [2, 3, 5, 6] and row["tokens"] == 16
+
+
 def test_bench_load_pools_passes_by_totals():
     from dspark_hf.benchmarks.bench_load import pool_passes
 

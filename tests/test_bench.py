@@ -384,10 +384,39 @@ def test_bench_load_reports_the_target_dtype_and_identity(prompt_files, tmp_path
     for method in ("full", "prompt_lookup", "full+lookup"):
         assert rows[method]["identical"] == rows[method]["identical_of"] == 3 and rows[method]["divergences"] == 0
     assert rows["prompt_lookup"]["rounds"] > 0 and "lookup_rounds" in rows["full+lookup"]
+    with pytest.raises(SystemExit):  # one-line argparse error
+        bench_load.main(argv + ["--random_range_ratio", "1.5"])
     with pytest.raises(ValueError, match=r"--methods full\+eagle: the only addition to a policy is '\+lookup'"):
         bench_load.main(argv[:11] + ["target,full+eagle"] + argv[12:])
     assert "identical" not in rows["target"] and "outputs" not in rows["full"]
     assert "Target in float32" in (tmp_path / "out" / "bench_load.md").read_text()
+
+
+def test_bench_load_hardware_aware_plans_on_a_profile_of_its_levels(prompt_files, tmp_path, monkeypatch):
+    from dspark_hf import profiling
+    from dspark_hf.benchmarks import bench_load
+
+    target, tokenizer = make_target(), make_tokenizer()
+    make_drafter(target, block_size=3).save_pretrained(tmp_path / "drafter")
+    monkeypatch.setattr(bench_load, "load_target", lambda *args, **kwargs: (target, tokenizer))
+    asked = []
+
+    def profile_here(target, drafter, batch_sizes=(1,)):  # what the library measures (once) without --sps
+        asked.append(list(batch_sizes))
+        path = profiling.save_profile(profiling.profile_steps_per_second(
+            target, max_tokens=4, batch_sizes=[1, *batch_sizes], context_length=8, warmup=0, repeats=1),
+            tmp_path / "here.json")
+        return {}, path
+
+    monkeypatch.setattr(bench_load, "steps_per_second_here", profile_here)
+    argv = ["--drafter", str(tmp_path / "drafter"), "--prompts", str(prompt_files[0]), "--concurrency", "1,2",
+            "--requests", "2", "--max_new_tokens", "4", "--methods", "target,hardware_aware", "--repeats", "1",
+            "--target-dtype", "float32", "--random_range_ratio", "0.5", "--output_dir", str(tmp_path / "out")]
+    assert bench_load.main(argv) == 0
+    document = json.loads((tmp_path / "out" / "bench_load.json").read_text())
+    assert asked == [[1, 2]] and document["speed_profile"] == str(tmp_path / "here.json")
+    rows = {(row["method"], row["concurrency"]): row for row in document["results"]}
+    assert rows[("hardware_aware", 2)]["identical"] == 2  # budgets drawn per request, the same for both methods
 
 
 def test_bench_load_exactness_finds_the_first_divergence_per_request():

@@ -72,6 +72,22 @@ def test_profile_in_the_drafter_folder_is_used_only_if_measured_here(tmp_path, t
     assert len(auto_default) == 2  # a profile of the float32 target does not describe the bfloat16 one
 
 
+def test_profile_here_covers_the_batch_sizes_asked_for(tmp_path, target, auto_default):
+    make_drafter(target).save_pretrained(tmp_path / "drafter")
+    drafter = DSparkDrafter.from_pretrained(tmp_path / "drafter")
+    profile = profiling.profile_steps_per_second(target, max_tokens=5, context_length=8, warmup=0, repeats=1)
+    (tmp_path / "drafter" / profiling.PROFILE_FILE_NAME).write_text(json.dumps(profile))  # batch 1 only, measured here
+    auto_default.clear()
+    _, path = profiling.steps_per_second_here(target, drafter)
+    assert path == tmp_path / "drafter" / profiling.PROFILE_FILE_NAME and auto_default == []
+    _, path = profiling.steps_per_second_here(target, drafter, batch_sizes=[2, 4])  # bench-load's levels
+    assert auto_default[-1]["batch_sizes"] == [1, 2, 4] and set(json.loads(path.read_text())["by_batch_size"]) == {
+        "1", "2", "4"}
+    assert profiling.steps_per_second_here(target, drafter, batch_sizes=[4, 2])[1] == path  # cached
+    assert len(auto_default) == 1
+    assert profiling.steps_per_second_here(target, drafter)[1] != path  # batch 1 still reads the drafter folder's
+
+
 def test_auto_without_confidence_head_verifies_the_full_block(target, auto_default):
     drafter = make_drafter(target, enable_confidence_head=False)
     assert isinstance(resolve_policy(drafter, target), FullBlockPolicy) and auto_default == []

@@ -241,18 +241,21 @@ def warn_if_profiled_elsewhere(metadata: dict, path: str | os.PathLike) -> None:
         )
 
 
-def _profile_fits(profile: dict, target: torch.nn.Module, max_tokens: int) -> bool:
-    """Whether a saved profile was measured on this kind of machine, in the target's dtype, up to `max_tokens`."""
+def _profile_fits(profile: dict, target: torch.nn.Module, max_tokens: int, batch_sizes: Sequence[int] = (1,)) -> bool:
+    """Whether a saved profile was measured on this kind of machine, in the target's dtype, up to `max_tokens`, at
+    every batch size of `batch_sizes`."""
     settings = profile.get("settings") or {}
     return (
         profile.get("format") == PROFILE_FORMAT
         and not profile_mismatches(profile.get("metadata") or {})
         and settings.get("dtype") == str(target.dtype)
         and int(settings.get("max_tokens", 0)) >= max_tokens
+        and {str(int(b)) for b in batch_sizes} <= set(profile.get("by_batch_size") or {"1": None})
     )
 
 
-def _cached_profile_path(target: torch.nn.Module, max_tokens: int, forward_kwargs: dict) -> Path:
+def _cached_profile_path(target: torch.nn.Module, max_tokens: int, forward_kwargs: dict,
+                         batch_sizes: Sequence[int] = (1,)) -> Path:
     """Where a profile measured on first use is kept: the dspark-hf cache folder, keyed by what the speed depends
     on (the target's architecture, dtype and device, this machine and its torch build), not by the weights."""
     from .models import cache_dir
@@ -264,12 +267,15 @@ def _cached_profile_path(target: torch.nn.Module, max_tokens: int, forward_kwarg
         "architecture": architecture, "dtype": str(target.dtype), "max_tokens": max_tokens,
         "forward_kwargs": forward_kwargs,
         "machine": {k: here[k] for k in ("device", "device_name", "cpu_count", "torch_num_threads", "torch")},
+        **({"batch_sizes": sorted(set(int(b) for b in batch_sizes))} if list(batch_sizes) != [1] else {}),
     }, sort_keys=True, default=str)
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
 
-def steps_per_second_here(target: torch.nn.Module, drafter) -> tuple[dict[int, float], Path]:
-    """The target's steps/s table for this machine, and the file it came from.
+def steps_per_second_here(target: torch.nn.Module, drafter, batch_sizes: Sequence[int] = (1,)
+                          ) -> tuple[dict[int, float], Path]:
+    """The target's steps/s table for this machine, and the file it came from (whose `by_batch_size` covers
+    `batch_sizes`: `bench-load` asks for its concurrency levels).
 
     The drafter folder's profile (`dspark_sps_profile.json`) is used when it was measured on this kind of machine
     (processor, cores, threads, torch build) in the target's dtype, up to a full block; else a profile measured here
@@ -280,7 +286,8 @@ def steps_per_second_here(target: torch.nn.Module, drafter) -> tuple[dict[int, f
     """
     max_tokens = max(drafter.config.block_size + 1, FIRST_USE_MAX_TOKENS)
     forward_kwargs = {"output_hidden_states": [i + 1 for i in drafter.config.target_layer_ids]}
-    cached = _cached_profile_path(target, max_tokens, forward_kwargs)
+    batch_sizes = sorted({1, *(int(b) for b in batch_sizes)})
+    cached = _cached_profile_path(target, max_tokens, forward_kwargs, batch_sizes)
     folder = Path(drafter.name_or_path) if drafter.name_or_path else None
     candidates = [(cached, max_tokens)]
     if folder is not None:
@@ -288,15 +295,15 @@ def steps_per_second_here(target: torch.nn.Module, drafter) -> tuple[dict[int, f
     for path, needed in candidates:
         if path.is_file():
             profile = json.loads(path.read_text())
-            if _profile_fits(profile, target, needed):
+            if _profile_fits(profile, target, needed, batch_sizes):
                 return {int(k): float(v) for k, v in profile["steps_per_second"].items()}, path
     logger.warning(
         f"dspark-hf: measuring this machine's verification speed for the hardware-aware policy (once per target, "
         f"dtype and machine; cached in {cached.parent})..."
     )
     start = time.perf_counter()
-    profile = profile_steps_per_second(target, max_tokens, (1,), context_length=256, warmup=1, repeats=3,
-                                       forward_kwargs=forward_kwargs)
+    profile = profile_steps_per_second(target, max_tokens, batch_sizes=batch_sizes, context_length=256, warmup=1,
+                                       repeats=3, forward_kwargs=forward_kwargs)
     save_profile(profile, cached)
     logger.warning(f"dspark-hf: measured in {time.perf_counter() - start:.1f} s.")
     return {int(k): float(v) for k, v in profile["steps_per_second"].items()}, cached

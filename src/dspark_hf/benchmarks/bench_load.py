@@ -9,6 +9,12 @@ run (including the drain once the queue is empty), each with its ratio to target
 per-request tokens/s, tau and the share of rounds run without the drafter, and how many requests' outputs equal
 target-only's for the same request (with the target's logit margin where they part, which happens outside float32 at
 near-ties); writes JSON, a markdown table and a throughput / per-user-speed frontier plot.
+
+By default every request has the same budget (`--max_new_tokens`) and, as prompts rarely end within it, target-only
+requests finish in lockstep: each wave is admitted in one prefill, while a speculative method's rows finish apart and
+are admitted a few at a time (a prefill of one prompt costs ~2x per prompt what a prefill of 16 does on a 2-core CPU).
+`--random_range_ratio r` draws each request's budget from ``[1 - r, 1 + r] · max_new_tokens`` (the same draws for
+every method), as lengths vary in serving.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from ..generation.policies import get_policy
 from ..modeling_dspark import DSparkDrafter
 from ..models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
 from ..models import target_dtype
-from ..profiling import profile_dtype_mismatch
+from ..profiling import profile_dtype_mismatch, steps_per_second_here
 from .bench import machine_info, version_info
 from .exactness import conversation_divergence, summarize_divergences
 from .methods import split_lookup
@@ -47,6 +53,10 @@ def _parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated levels")
     parser.add_argument("--requests", type=int, default=None, help="requests finished per level (default: 2 × c, >= 8)")
     parser.add_argument("--max_new_tokens", type=int, default=64)
+    parser.add_argument("--random_range_ratio", type=float, default=0.0,
+                        help="each request's new-token budget drawn uniformly from max_new_tokens x [1 - r, 1 + r] "
+                        "(seeded: the same requests for every method), so that requests finish apart as in serving; "
+                        "0: every request gets max_new_tokens (default: %(default)s)")
     parser.add_argument("--methods", default="target,full,threshold,hardware_aware",
                         help="comma-separated: target, prompt_lookup (batched, no drafter), and verification policies, "
                         "each optionally POLICY+lookup (prompt lookup inside DSpark rounds) (default: %(default)s)")
@@ -54,7 +64,9 @@ def _parse_args(argv) -> argparse.Namespace:
                         help="most lookup drafts per row and round for prompt_lookup and POLICY+lookup "
                         "(default: %(default)s)")
     parser.add_argument("--threshold", type=float, default=0.5)
-    parser.add_argument("--sps", default=None, help="profile from `dspark-hf profile` (default: drafter folder's)")
+    parser.add_argument("--sps", default=None, help="profile from `dspark-hf profile` with these batch sizes (default: "
+                        "the drafter folder's if measured on this kind of machine in this dtype at these levels, else "
+                        "one measured here once and cached)")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2,
@@ -64,12 +76,26 @@ def _parse_args(argv) -> argparse.Namespace:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.prompt_lookup_num_tokens < 1:
         parser.error(f"--prompt_lookup_num_tokens must be >= 1, got {args.prompt_lookup_num_tokens}")
+    if not 0.0 <= args.random_range_ratio < 1.0:
+        parser.error(f"--random_range_ratio must be in [0, 1) (0.5: budgets from 0.5x to 1.5x --max_new_tokens), got "
+                     f"{args.random_range_ratio}")
     return args
 
 
+def request_budgets(max_new_tokens: int, range_ratio: float, num_requests: int, seed: int) -> list[int]:
+    """Each request's new-token budget: `max_new_tokens`, or drawn uniformly from ``max_new_tokens · [1 - r, 1 + r]``
+    with a seeded generator (vLLM's `--random-range-ratio`), identical for every method at a level."""
+    if not range_ratio:
+        return [max_new_tokens] * num_requests
+    low, high = max(1, round(max_new_tokens * (1 - range_ratio))), round(max_new_tokens * (1 + range_ratio))
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(low, high + 1, (num_requests,), generator=generator).tolist()
+
+
 def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: int, num_requests: int,
-              max_new_tokens: int) -> dict:
-    """Runs one closed loop; returns throughput, per-request speeds and tau.
+              max_new_tokens: int | list[int]) -> dict:
+    """Runs one closed loop; returns throughput, per-request speeds and tau. `max_new_tokens`: one budget for every
+    request, or each request's in order ([`request_budgets`]).
 
     Two throughputs: over the whole run, and over the steps at full load (the engine holding `concurrency` requests;
     admission included). Once the queue is empty the loop drains: fewer rows per step, and how long that tail lasts
@@ -77,10 +103,11 @@ def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: 
     requests together (no tail); speculative rows finish apart, so with few requests per level the whole-run figure
     mixes in a tail run at lower concurrency. The full-load figure is the throughput *at* concurrency c."""
     queue = iter(prompts * (num_requests // max(len(prompts), 1) + 1))
+    budgets = [max_new_tokens] * num_requests if isinstance(max_new_tokens, int) else list(max_new_tokens)
     requests, full_rows = [], min(concurrency, num_requests)
     start = engine.clock()
     while len(requests) < full_rows:
-        requests.append(engine.add_request(next(queue), max_new_tokens))
+        requests.append(engine.add_request(next(queue), budgets[len(requests)]))
     finished = []
     full_tokens, full_seconds, full_steps, steps = 0, 0.0, 0, 0
     while engine.active or engine.waiting:
@@ -96,7 +123,7 @@ def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: 
         finished += done
         for _ in done:
             if len(requests) < num_requests:
-                requests.append(engine.add_request(next(queue), max_new_tokens))
+                requests.append(engine.add_request(next(queue), budgets[len(requests)]))
     elapsed = engine.clock() - start
     tokens = sum(len(r.output_ids) for r in finished)
     per_request = [len(r.output_ids) / (r.finish_time - r.arrival_time) for r in finished]
@@ -170,11 +197,26 @@ def pool_passes(passes: list[dict]) -> dict:
     }
 
 
-def _engines(args, target, drafter, pad_token_id, eos_token_id):
-    sps_path = args.sps or (Path(args.drafter or EMBEDDED_DRAFTERS.get(args.target, "")) / "dspark_sps_profile.json")
+def _speed_profile(args, target, drafter, levels: list[int]) -> Path | None:
+    """`--sps` (refused when measured in another dtype), else the profile the library's default policy would use,
+    covering these concurrency levels (`steps_per_second_here`: the drafter folder's when it was measured on this
+    kind of machine in the target's dtype at those batch sizes, else one measured here once and cached)."""
+    if args.sps:
+        mismatch = profile_dtype_mismatch(args.sps, target.dtype)
+        if mismatch:
+            raise ValueError(f"--sps {args.sps}: {mismatch}.")
+        return Path(args.sps)
+    wanted = any(split_lookup(name, f"--methods {name}")[0] == "hardware_aware" for name in args.methods.split(",")
+                 if name not in ("target", "prompt_lookup"))
+    if not wanted or drafter.confidence_head is None:
+        return None
+    return steps_per_second_here(target, drafter, batch_sizes=levels)[1]
+
+
+def _engines(args, target, drafter, pad_token_id, eos_token_id, sps_path: Path | None):
     by_rows = None
-    if Path(sps_path).is_file():
-        profile = json.loads(Path(sps_path).read_text())
+    if sps_path is not None:
+        profile = json.loads(sps_path.read_text())
         by_rows = {int(k): v for k, v in profile.get("by_batch_size", {}).items()} or None
     lookup_tokens = args.prompt_lookup_num_tokens
     for name in args.methods.split(","):
@@ -186,14 +228,8 @@ def _engines(args, target, drafter, pad_token_id, eos_token_id):
         policy_name, lookup = split_lookup(name, f"--methods {name}")
         tokens = lookup_tokens if lookup else None
         if policy_name == "hardware_aware":
-            if not Path(sps_path).is_file():
-                print(f"[bench-load] skipping hardware_aware: no profile at {sps_path} (run `dspark-hf profile`)")
-                continue
-            mismatch = profile_dtype_mismatch(sps_path, target.dtype)
-            if mismatch and args.sps:
-                raise ValueError(f"--sps {args.sps}: {mismatch}.")
-            if mismatch:
-                print(f"[bench-load] skipping hardware_aware: {mismatch}, then pass it as --sps")
+            if sps_path is None:
+                print("[bench-load] skipping hardware_aware: the drafter has no confidence head")
                 continue
             policy = get_policy(policy_name, steps_per_second=str(sps_path))
         elif policy_name == "threshold":
@@ -242,19 +278,21 @@ def main(argv=None) -> int:
     prompts = [render_conversation(tokenizer, p.turns[:1], []) for p in load_prompts(args.prompts)]
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    engines = list(_engines(args, target, drafter, pad, tokenizer.eos_token_id))
     levels = [int(c) for c in args.concurrency.split(",")]
+    sps_path = _speed_profile(args, target, drafter, levels)
+    engines = list(_engines(args, target, drafter, pad, tokenizer.eos_token_id, sps_path))
     for _, make_engine in engines:  # untimed warmup: first-call allocations and kernel selection
         run_level(make_engine(), prompts, 2, 2, 8)
     results = []
     for level in tqdm(levels, desc="bench-load"):
         num_requests = args.requests or max(2 * level, 8)
+        budgets = request_budgets(args.max_new_tokens, args.random_range_ratio, num_requests, args.seed + level)
         passes: dict[str, list[dict]] = {name: [] for name, _ in engines}
         for repeat in range(args.repeats):
             # interleaved per level and rotated per pass, so drift and ordering hit every method alike
             rotation = repeat % len(engines)
             for name, make_engine in engines[rotation:] + engines[:rotation]:
-                passes[name].append(run_level(make_engine(), prompts, level, num_requests, args.max_new_tokens))
+                passes[name].append(run_level(make_engine(), prompts, level, num_requests, budgets))
         baseline = pool_passes(passes["target"]) if passes.get("target") else None
         for name, _ in engines:
             row = {"method": name, **pool_passes(passes[name])}
@@ -272,7 +310,8 @@ def main(argv=None) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     document = {"command": " ".join(["dspark-hf", "bench-load", *(argv if argv is not None else sys.argv[2:])]),
-                "machine": machine_info(), "versions": version_info(), "settings": {**vars(args),
+                "machine": machine_info(), "versions": version_info(), "speed_profile": str(sps_path) if sps_path else None,
+                "settings": {**vars(args),
                              "target_dtype_resolved": str(target.dtype).removeprefix("torch."),
                              "drafter_dtype_resolved": str(drafter.dtype).removeprefix("torch.")},
                 "results": results}
