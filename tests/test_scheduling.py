@@ -473,6 +473,38 @@ def test_online_correction_and_plan_smoothing_rules():
     assert confidences == [pytest.approx(0.3), pytest.approx(0.35)]
 
 
+def test_engine_plans_time_plain_decoding_before_drafting_at_a_new_row_count():
+    policy = HardwareAwarePolicy({1: 10.0, 2: 10.0, 3: 10.0, 4: 9.5, 6: 9.0, 9: 8.5}, draft_seconds=0.0).for_engine()
+    confident = [0.9, 0.9]
+    assert not policy.begin_round([confident] * 2, 2)  # drafting would pay by the profile: one plain round first
+    policy.end_round(RoundOutcome([[], []], [0, 0], [0, 0], drafted=False, step_seconds=0.1))
+    assert policy.begin_round([confident] * 2, 2)  # plain decoding timed at 2 rows: now the plan drafts
+    assert not policy.begin_round([confident] * 3, 2)  # 3 rows: not timed yet
+    # prompt lookup widened that round (2 lookup drafts): plain decoding is still untimed at 3 rows, but the plain round
+    # is not tried again
+    policy.end_round(RoundOutcome([[], [], []], [2, 0, 0], [1, 0, 0], drafted=False, step_seconds=0.2))
+    assert policy.begin_round([confident] * 3, 2)
+    policy.speed_model.record_step_seconds(0.01, rows=2, width=1)  # plain decoding runs 10x faster than profiled ...
+    policy.speed_model.record_step_seconds(0.5, rows=2, width=2)  # ... and wider steps slower
+    policy.speed_model.record_step_seconds(0.5, rows=2, width=3)
+    assert not policy.begin_round([confident] * 2, 2)  # the plan says plain decoding
+
+
+def test_plan_verification_width_margin_over_plain_decoding():
+    from dspark_hf.scheduling import plan_verification_width, plan_is_settled
+
+    speeds = {1: 10.0, 2: 9.0, 3: 8.5}.get
+    # width 2: (1 + 0.25) * 9 = 11.25 tokens/s against plain decoding's 10: +12.5%
+    assert plan_verification_width([[0.25]], speeds, 3) == 2
+    assert plan_verification_width([[0.25]], speeds, 3, min_gain=0.1) == 2
+    assert plan_verification_width([[0.25]], speeds, 3, min_gain=0.15) == 1
+    # after c_1 = 0.1, width 3 could still reach (1.1 + 0.1) * 8.5 = 10.2 tokens/s: above plain decoding's 10, not
+    # above it with a 5% margin, so the plan is settled there
+    assert not plan_is_settled([[0.1]], speeds, 3) and plan_is_settled([[0.1]], speeds, 3, min_gain=0.05)
+    with pytest.raises(ValueError, match="min_gain must be a finite fraction >= 0"):
+        HardwareAwarePolicy({1: 1.0}, engine_min_gain=-0.1)
+
+
 def test_speed_model_prefers_measured_step_speeds():
     policy = HardwareAwarePolicy({1: 10.0, 2: 8.0}).speed_model
     profiled = {1: 10.0, 2: 8.0, 3: 6.0}.get

@@ -369,6 +369,7 @@ class PlannedWidthPolicy(_MeasuredPolicy):
     def reset(self) -> None:
         super().reset()
         self._width: int | None = None
+        self._explored: set[int] = set()  # row counts where a plain round was run to time plain decoding
 
     def for_engine(self, steps_per_second_by_rows=None) -> "PlannedWidthPolicy":
         if steps_per_second_by_rows is None:
@@ -382,9 +383,11 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         stale = [self.corrected(values or prior) for values in stale_confidences]
         self._width = plan_verification_width(stale, self.speed(rows), block_size + 1,
                                               draft_seconds=self.drafting_cost(rows), min_gain=self.min_gain)
-        if self._width > 1 and not self.speed_model.has_step(rows, 1):
+        if self._width > 1 and not self.speed_model.has_step(rows, 1) and rows not in self._explored:
             # What drafting has to beat is plain decoding at this many rows on the live machine, which the profile
-            # (idle, one context length) can misjudge by 10% and more; one plain round measures it.
+            # (idle, one context length) can misjudge by 10% and more; one plain round measures it (once: with prompt
+            # lookup the round may verify lookup drafts instead, and then the profile stays the guess).
+            self._explored.add(rows)
             self._width = 1
             return False
         return self.draft_this_round(self._width == 1)
