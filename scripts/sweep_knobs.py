@@ -7,6 +7,8 @@ in seconds as the fitted cost model.
     python scripts/sweep_knobs.py --output_dir benchmarks/results/sim-knobs
     # under load on more prompts than the validated trace (same fitted costs)
     python scripts/sweep_knobs.py --load_trace more.trace.json.gz --output_dir benchmarks/results/sim-knobs-more
+    # another validation (its load trace, fitted costs and profile; batch 1 as validated there)
+    python scripts/sweep_knobs.py --validation benchmarks/results/sim-validation-stage7-bf16 --output_dir ...
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ VARIANTS = {"defaults": {}, "plan_smoothing=0": {"plan_smoothing": 0.0},
             "plan_smoothing=0.25": {"plan_smoothing": 0.25}, "plan_smoothing=0.75": {"plan_smoothing": 0.75},
             "outcome_decay=None": {"outcome_decay": None}, "outcome_decay=0.9": {"outcome_decay": 0.9},
             "outcome_decay=0.99": {"outcome_decay": 0.99}, "max_idle_rounds=16": {"max_idle_rounds": 16},
-            "max_idle_rounds=256": {"max_idle_rounds": 256}}
+            "max_idle_rounds=256": {"max_idle_rounds": 256}, "engine_min_gain=0.05": {"engine_min_gain": 0.05},
+            "engine_min_gain=0.1": {"engine_min_gain": 0.1}, "engine_min_gain=0.2": {"engine_min_gain": 0.2}}
 REFERENCES = ["target", "fixed:1", "fixed:2", "threshold"]
 
 
@@ -61,19 +64,27 @@ def load_rows(trace: Trace, tables: dict, fits: dict, levels: list[int]) -> list
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", default="1,2,4,8,16,32")
-    parser.add_argument("--load_trace", default=str(VALIDATION / "load.trace.json.gz"),
+    parser.add_argument("--validation", default=str(VALIDATION),
+                        help="a `validate_simulator.py` output folder: fitted costs, profiles and traces")
+    parser.add_argument("--load_trace", default=None,
                         help="trace replayed under load (default: the validated `bench-load` trace)")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args()
-    profile = next(iter(EMBEDDED_DRAFTERS.values())) / "dspark_sps_profile.json"
-    tables = {int(r): {int(w): float(v) for w, v in t.items()}
-              for r, t in json.loads(profile.read_text())["by_batch_size"].items()}
-    validation = json.loads((VALIDATION / "validation.json").read_text())
+    folder = Path(args.validation)
+    validation = json.loads((folder / "validation.json").read_text())
+    embedded = next(iter(EMBEDDED_DRAFTERS.values())) / "dspark_sps_profile.json"  # where older validations' came from
+    tables, load_tables = (
+        {int(r): {int(w): float(v) for w, v in t.items()}
+         for r, t in json.loads((Path(path) if Path(path).is_file() else embedded).read_text())["by_batch_size"].items()}
+        for path in (validation["profile"], validation.get("load_profile", validation["profile"])))
     fits = {row["concurrency"]: row["fit"] for row in validation["load"]}
     levels = [int(level) for level in args.levels.split(",")]
-    batch1 = batch1_rows(Trace.load(VALIDATION / "bench.trace.json.gz"), tables, validation["batch1"]["fit"])
+    bench_trace = folder / "bench.trace.json.gz"
+    batch1 = batch1_rows(Trace.load(bench_trace if bench_trace.is_file() else VALIDATION / "bench.trace.json.gz"),
+                         tables, validation["batch1"]["fit"])
+    args.load_trace = args.load_trace or str(folder / "load.trace.json.gz")
     load_trace = Trace.load(args.load_trace)
-    load = load_rows(load_trace, tables, fits, levels)
+    load = load_rows(load_trace, load_tables, fits, levels)
     lines = ["# Hardware-aware knobs, simulated (fitted CPU cost of this machine; not a measurement)", "",
              "## Batch 1 (`bench` trace, 18 prompts, 128 tokens)", "",
              "| variant | all tok/s | speed-up | gsm8k | humaneval | mt-bench | tau |", "|---|---:|---:|---:|---:|---:|---:|"]

@@ -210,6 +210,10 @@ def test_bench_load_closed_loop_counts_every_request():
         # Full load = the steps with 3 rows; the drain once the queue is empty is not counted.
         assert 0 < row["full_load_tokens"] < 7 * 6 and row["full_load_steps"] < row["steps"]
         assert row["full_load_throughput_tok_s"] > 0
+        # the engine's own timings at full load, for cost models: steps by width, drafting passes, admissions
+        assert row["full_load_step_seconds"] and all(w >= 1 and t > 0 for w, t in row["full_load_step_seconds"])
+        assert bool(row["full_load_draft_seconds"]) == (engine.drafter is not None)
+        assert sum(requests for requests, _, _ in row["admissions"]) == 7
         if engine.drafter is None:  # equal-length requests finish together: two full waves, then the drain
             # 5 steps per wave: the first commits the prefill's token and one decoded token
             assert row["full_load_tokens"] == 6 * 6 and row["full_load_steps"] == 2 * 5
@@ -244,6 +248,11 @@ def test_bench_load_pools_passes_by_totals():
     assert row["full_load_steps"] == 80 and row["steps"] == 120
     assert row["per_request_tok_s"] == 7.0 and row["tau"] == 1.25 and row["mean_verified"] == 1.5
     assert row["passes"] == 2 and row["skipped_rounds"] == 10 and row["pass_throughputs_tok_s"][0] == 40.0
+    timings = {"full_load_step_seconds": [(1, 0.1), (1, 0.3), (3, 0.2)], "full_load_draft_seconds": [0.05],
+               "admissions": [[4, 20, 0.5]]}
+    row = pool_passes([{**a, **timings}, {**b, **timings, "full_load_step_seconds": [(1, 0.2)]}])
+    assert row["full_load_step_seconds_by_width"] == {"1": {"median": 0.2, "count": 3}, "3": {"median": 0.2, "count": 1}}
+    assert row["full_load_draft_seconds"] == {"median": 0.05, "count": 2} and len(row["admissions"]) == 2
 
 
 def test_compact_slots_right_aligns_each_rows_valid_slots():

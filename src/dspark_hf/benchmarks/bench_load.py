@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -145,6 +146,10 @@ def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: 
         "rounds": len(rounds),
         "skipped_rounds": sum(not r.drafted for r in rounds),
         "lookup_rounds": sum(r.source == "lookup" for r in rounds),
+        # the engine's own timings at full load (a cost model's inputs; `pool_passes` keeps their medians)
+        "full_load_step_seconds": [(width, seconds) for rows, width, seconds in engine.step_timings if rows == full_rows],
+        "full_load_draft_seconds": [seconds for rows, seconds in engine.draft_timings if rows == full_rows],
+        "admissions": [list(timing) for timing in engine.admit_timings],
         "prompt_ids": [list(r.prompt_ids) for r in requests],  # in admission order, the same in every method
         "outputs": [list(r.output_ids) for r in requests],
     }
@@ -194,6 +199,25 @@ def pool_passes(passes: list[dict]) -> dict:
         "rounds": rounds,
         "skipped_rounds": sum(p["skipped_rounds"] for p in passes),
         "lookup_rounds": sum(p.get("lookup_rounds", 0) for p in passes),
+        **_pooled_timings(passes),
+    }
+
+
+def _pooled_timings(passes: list[dict]) -> dict:
+    """Medians of the engine's step seconds by width and drafting seconds at full load, and every admission's
+    (requests, padded prompt tokens, seconds), over the passes: what a cost model for the simulator needs."""
+    if "full_load_step_seconds" not in passes[0]:
+        return {}
+    steps: dict[int, list[float]] = {}
+    for p in passes:
+        for width, seconds in p["full_load_step_seconds"]:
+            steps.setdefault(width, []).append(seconds)
+    drafts = [seconds for p in passes for seconds in p["full_load_draft_seconds"]]
+    return {
+        "full_load_step_seconds_by_width": {str(w): {"median": statistics.median(v), "count": len(v)}
+                                            for w, v in sorted(steps.items())},
+        "full_load_draft_seconds": {"median": statistics.median(drafts), "count": len(drafts)} if drafts else None,
+        "admissions": [a for p in passes for a in p["admissions"]],
     }
 
 

@@ -127,6 +127,12 @@ class DSparkBatchEngine:
         self.waiting: list[DSparkRequest] = []
         self.active: list[DSparkRequest] = []
         self.finished: list[DSparkRequest] = []
+        # every round's timings, for cost models (`dspark-hf bench-load` reports their medians): (rows, seconds) of each
+        # drafting pass, (rows, width, seconds) of each verification step (target forward, acceptance, cache update) and
+        # (requests, padded prompt tokens, seconds) of each admission (prefill and merge)
+        self.draft_timings: list[tuple[int, float]] = []
+        self.step_timings: list[tuple[int, int, float]] = []
+        self.admit_timings: list[tuple[int, int, float]] = []
         self._next_id = 0
         self._reset_batch_state()
 
@@ -203,7 +209,7 @@ class DSparkBatchEngine:
     # --- admission (prefill + merge) ----------------------------------------------------------------------------
 
     def _admit(self) -> list[DSparkRequest]:
-        new, self.waiting = self.waiting, []
+        start, new, self.waiting = self.clock(), self.waiting, []
         width = max(len(r.prompt_ids) for r in new)
         ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long, device=self.device)
         mask = torch.zeros(len(new), width, dtype=torch.bool, device=self.device)
@@ -234,6 +240,7 @@ class DSparkBatchEngine:
             tail = slice(len(free), None)
             self._merge(rest, cache, draft_cache, mask[tail], next_position[tail], first[tail])
         new_rows = free + list(range(len(self.active) - len(rest), len(self.active)))
+        self.admit_timings.append((len(new), width, self.clock() - start))
         return self._commit_and_retire(dict(zip(new_rows, ([t] for t in first.tolist()))))
 
     def _take_over(self, rows, requests, cache, draft_cache, mask, next_position, anchor) -> None:
@@ -298,6 +305,7 @@ class DSparkBatchEngine:
                 start = self.clock()
                 draft = self._draft(budgets)
                 draft_seconds = self.clock() - start
+                self.draft_timings.append((rows, draft_seconds))
                 if draft.observed:  # the confidences the policy plans the rows' next round from
                     for request, values in zip(self.active, draft.confidences):
                         request.last_confidences = values
@@ -335,13 +343,15 @@ class DSparkBatchEngine:
             else:
                 self._record_round(request, row, lengths[row], num_accepted, draft)
         self._advance(accepted, longest, features, positions)
+        step_seconds = self.clock() - step_start
+        self.step_timings.append((rows, longest + 1, step_seconds))
         if began:
             # lookup rows carry no confidences: the policy corrects its confidences from drafted rows only, and times
             # the forward at its real width
             confidences = [[] if row in lookup_rows or draft is None else draft.confidences[row] for row in range(rows)]
             self.policy.end_round(RoundOutcome(confidences, lengths, accepted, drafted=draft is not None,
                                                observed=draft is not None and draft.observed,
-                                               draft_seconds=draft_seconds, step_seconds=self.clock() - step_start))
+                                               draft_seconds=draft_seconds, step_seconds=step_seconds))
         return self._commit_and_retire(committed)
 
     def _record_round(self, request: DSparkRequest, row: int, length: int, accepted: int, draft) -> None:

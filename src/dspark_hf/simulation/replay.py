@@ -218,6 +218,7 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         self.eos_token_ids, self.pad_token_id = set(int(e) for e in eos_token_ids), 0
         self.device = torch.device("cpu")
         self.waiting, self.active, self.finished = [], [], []
+        self.draft_timings, self.step_timings, self.admit_timings = [], [], []
         self._next_id = 0
         self._sequence_of: dict[int, TraceSequence] = {}
         self._reset_batch_state()
