@@ -48,11 +48,17 @@ def batch1_rows(trace: Trace, tables: dict, fit: dict) -> list[dict]:
     return [row for row in summarize_batch1(records)]
 
 
-def load_rows(trace: Trace, tables: dict, fits: dict, levels: list[int]) -> list[dict]:
+def load_rows(trace: Trace, tables: dict, fits: dict, levels: list[int], measured: dict | None = None) -> list[dict]:
+    """Each variant in a closed loop per level, on the level's fitted cost, or where the validation has them on the
+    costs the run measured (`measured`: level -> method -> cost; target-only on its own, the rest on hardware-aware's)."""
     rows = []
     for level in levels:
-        cost = ProfileCost(tables=tables, **fits[level])
         for name in [*REFERENCES, *VARIANTS]:
+            own = (measured or {}).get(level, {})
+            own = own.get("target" if name == "target" else "hardware_aware")
+            cost = ProfileCost(tables=tables, **fits[level]) if own is None else ProfileCost(
+                tables={**tables, level: {int(w): 1.0 / s for w, s in own["step_seconds"].items()}},
+                draft_seconds=own["draft_seconds"], prefill_seconds_per_token=own["prefill_seconds_per_token"])
             policy = _policy(name, tables)
             make_engine = lambda p=policy: SimulatedBatchEngine(  # noqa: E731
                 trace.sequences, cost, trace.block_size, p, trace.eos_token_ids, steps_per_second_by_rows=tables)
@@ -78,13 +84,17 @@ def main() -> None:
          for r, t in json.loads((Path(path) if Path(path).is_file() else embedded).read_text())["by_batch_size"].items()}
         for path in (validation["profile"], validation.get("load_profile", validation["profile"])))
     fits = {row["concurrency"]: row["fit"] for row in validation["load"]}
+    measured = {}
+    for row in validation["load"]:
+        if "measured_cost" in row:
+            measured.setdefault(row["concurrency"], {})[row["method"]] = row["measured_cost"]
     levels = [int(level) for level in args.levels.split(",")]
     bench_trace = folder / "bench.trace.json.gz"
     batch1 = batch1_rows(Trace.load(bench_trace if bench_trace.is_file() else VALIDATION / "bench.trace.json.gz"),
                          tables, validation["batch1"]["fit"])
     args.load_trace = args.load_trace or str(folder / "load.trace.json.gz")
     load_trace = Trace.load(args.load_trace)
-    load = load_rows(load_trace, load_tables, fits, levels)
+    load = load_rows(load_trace, load_tables, fits, levels, measured)
     lines = ["# Hardware-aware knobs, simulated (fitted CPU cost of this machine; not a measurement)", "",
              "## Batch 1 (`bench` trace, 18 prompts, 128 tokens)", "",
              "| variant | all tok/s | speed-up | gsm8k | humaneval | mt-bench | tau |", "|---|---:|---:|---:|---:|---:|---:|"]
@@ -93,7 +103,9 @@ def main() -> None:
         cells = [f"{by[(name, c)]['speedup']:.3f}x" for c in ("gsm8k", "humaneval", "mt-bench")]
         lines.append(f"| {name} | {by[(name, 'all')]['tokens_per_second']:.2f} | {by[(name, 'all')]['speedup']:.3f}x | "
                      + " | ".join(cells) + f" | {by[(name, 'all')]['tau']:.3f} |")
-    lines += ["", f"## Under load ({len(load_trace.sequences)} traced requests, full-load tok/s vs target-only)", "",
+    cost_note = "costs the run measured at each level" if measured else "each level's fitted cost"
+    lines += ["", f"## Under load ({len(load_trace.sequences)} traced requests, full-load tok/s vs target-only, "
+              f"{cost_note})", "",
               "| variant | " + " | ".join(map(str, levels)) + " |", "|---|" + "---:|" * len(levels)]
     target = {r["concurrency"]: r["full_load_throughput_tok_s"] for r in load if r["method"] == "target"}
     for name in [*REFERENCES, *VARIANTS]:

@@ -12,10 +12,17 @@ with hidden-state outputs on an idle machine. So a few constants are fitted on s
   block; predicted: threshold and hardware-aware. Also shown: the profile as measured with batch 1's drafting fit.
 
 Tau needs no fit for the policies whose rounds do not depend on time (full, fixed, threshold): simulated tau is
-compared with measured tau directly.
+compared with measured tau directly (exactly equal only in float32: in bf16 the batched target's outputs part from the
+one-token outputs the trace holds at near-ties).
+
+Where the bench-load run recorded the engine's own timings (verification steps by width, drafting passes, admissions),
+each level is also simulated on that measured cost with nothing fitted ('run's own cost'): the fitted variant confounds
+the cost of wide steps with drafting (both fitted from the full block alone), the measured one does not.
 
     python scripts/validate_simulator.py --bench_trace bench.trace.json.gz --load_trace load.trace.json.gz \
         --output_dir benchmarks/results/sim-validation
+    # a bf16 bench-load run: its dtype's profile for the load part (batch 1 stays the float32 bench)
+    python scripts/validate_simulator.py ... --load_results RUN/bench_load.json --load_profile bf16-profile.json
 """
 
 from __future__ import annotations
@@ -134,6 +141,39 @@ def calibrate_level(trace, tables, level, measured, max_new, repeats) -> dict:
     return {"scale": scale, "draft_seconds": max(0.0, draft)}
 
 
+def measured_cost(rows: list[dict], tables: dict, level: int, own: dict | None = None) -> ProfileCost | None:
+    """The cost the run itself measured at `level` rows (`bench-load` keeps the engine's timings): verification steps
+    by width (the method's own median where it ran that width, as engines differ: target-only's has no drafter to feed;
+    else count-weighted medians over the run's methods; widths never run there read the profile, scaled like plain
+    decoding), the median drafting pass, and prefill seconds per prompt token over the method's admissions (what an
+    admission took beyond a plain step of its rows; per token, a prefill of one prompt costs about twice one of 16). Nothing fitted to a method's tokens/s. `None` for runs that predate the
+    timings."""
+    if not all(row.get("full_load_step_seconds_by_width") for row in rows):
+        return None
+    pooled: dict[int, list[tuple[float, int]]] = {}
+    for row in rows:
+        for width, value in row["full_load_step_seconds_by_width"].items():
+            pooled.setdefault(int(width), []).append((value["median"], value["count"]))
+    steps = {w: sum(m * c for m, c in v) / sum(c for _, c in v) for w, v in pooled.items()}
+    if own is not None:
+        steps.update({int(w): value["median"] for w, value in own["full_load_step_seconds_by_width"].items()})
+    profiled = tables[level]
+    plain_scale = steps[1] * profiled[1] if 1 in steps else 1.0  # measured / profiled seconds of plain decoding
+    measured_tables = {**tables, level: {w: (1.0 / steps[w] if w in steps else speed / plain_scale)
+                                         for w, speed in profiled.items()}}
+    drafts = [(row["full_load_draft_seconds"]["median"], row["full_load_draft_seconds"]["count"])
+              for row in rows if row.get("full_load_draft_seconds")]
+    draft = sum(m * c for m, c in drafts) / sum(c for _, c in drafts) if drafts else 0.0
+    plain = ProfileCost(tables=measured_tables)
+    admissions = own["admissions"] if own is not None and own.get("admissions") else [
+        admission for row in rows for admission in row["admissions"]]
+    per_token = [max(0.0, seconds - plain.verify_seconds(requests, 1)) / (requests * tokens)
+                 for requests, tokens, seconds in admissions]
+    return ProfileCost(tables=measured_tables, draft_seconds=draft,
+                       prefill_seconds_per_token=float(np.median(per_token)) if per_token else 0.0,
+                       source=f"steps, drafting and prefill measured by the run at {level} rows")
+
+
 def validate_load(trace: Trace, results: dict, tables: dict, batch1_fit: dict) -> list[dict]:
     settings = results["settings"]
     max_new, repeats = settings["max_new_tokens"], settings["repeats"]
@@ -151,8 +191,11 @@ def validate_load(trace: Trace, results: dict, tables: dict, batch1_fit: dict) -
         fit = calibrate_level(trace, tables, level, measured, max_new, repeats)
         calibrated = ProfileCost(tables=tables, **fit)
         for method in methods:
+            own = measured_cost([measured_rows[(level, m)] for m in methods], tables, level, measured[method])
             ours = _simulate_level(trace, tables, method, level, calibrated, max_new, repeats, lookup_tokens)
             raw = _simulate_level(trace, tables, method, level, uncalibrated, max_new, repeats, lookup_tokens)
+            timed = None if own is None else _simulate_level(trace, tables, method, level, own, max_new, repeats,
+                                                             lookup_tokens)
             rows.append({"concurrency": level, "method": method, "fit": fit,
                          "fitted": method in ("target", "full"),
                          "measured_full_load_tok_s": measured[method]["full_load_throughput_tok_s"],
@@ -160,6 +203,15 @@ def validate_load(trace: Trace, results: dict, tables: dict, batch1_fit: dict) -
                          "error": ours["full_load_throughput_tok_s"] / measured[method]["full_load_throughput_tok_s"]
                          - 1,
                          "profile_as_is_full_load_tok_s": raw["full_load_throughput_tok_s"],
+                         **({} if timed is None else {
+                             "measured_cost_full_load_tok_s": timed["full_load_throughput_tok_s"],
+                             "measured_cost_error": timed["full_load_throughput_tok_s"]
+                             / measured[method]["full_load_throughput_tok_s"] - 1,
+                             "measured_cost_tau": timed["tau"],
+                             "measured_cost_skipped": timed["skipped_rounds"] / max(1, timed["rounds"]),
+                             "measured_cost": {"draft_seconds": own.draft_seconds,
+                                               "prefill_seconds_per_token": own.prefill_seconds_per_token,
+                                               "step_seconds": {w: 1.0 / s for w, s in own.tables[level].items()}}}),
                          "measured_tau": measured[method]["tau"], "simulated_tau": ours["tau"],
                          "measured_skipped": measured[method]["skipped_rounds"] / max(1, measured[method]["rounds"]),
                          "simulated_skipped": ours["skipped_rounds"] / max(1, ours["rounds"])})
@@ -192,17 +244,25 @@ def markdown(document: dict) -> str:
                      f"{row['simulated_speedup'] or 1:.3f}x | {row['measured_tau']:.3f} | {row['simulated_tau']:.3f} |")
     lines += ["", "## Under load (`bench-load`, total tokens/s at full load)", "",
               "Per level, fitted on target-only and full block (marked *): profile scale and drafting seconds per "
-              "round. 'profile as is': the profile unscaled with batch 1's drafting fit.", "",
-              "| concurrency | method | scale | drafting ms | measured | simulated | error | profile as is | "
-              "measured tau | simulated tau | rounds without drafter (measured / simulated) |",
-              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+              "round. 'profile as is': the profile unscaled with batch 1's drafting fit. 'run's own cost': no fit at "
+              "all: the verification steps by width, drafting passes and admissions the run timed at that level "
+              "(the method's own step medians, other widths pooled over the run's methods; `measured_cost` in the "
+              "JSON), nothing fitted to any method's tokens/s.", "",
+              "| concurrency | method | scale | drafting ms | measured | simulated | error | run's own cost | error | "
+              "profile as is | measured tau | simulated tau (fitted / own cost) | rounds without drafter (measured / "
+              "fitted / own cost) |",
+              "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for row in load:
         star = "*" if row["fitted"] else ""
+        timed = "measured_cost_error" in row
+        own = f"{row['measured_cost_full_load_tok_s']:.2f} | {row['measured_cost_error']:+.1%}" if timed else "- | -"
+        tau = f"{row['simulated_tau']:.3f} / " + (f"{row['measured_cost_tau']:.3f}" if timed else "-")
+        skipped = (f"{row['measured_skipped']:.0%} / {row['simulated_skipped']:.0%} / "
+                   + (f"{row['measured_cost_skipped']:.0%}" if timed else "-"))
         lines.append(f"| {row['concurrency']} | {row['method']}{star} | {row['fit']['scale']:.3f} | "
                      f"{row['fit']['draft_seconds'] * 1000:.2f} | {row['measured_full_load_tok_s']:.2f} | "
-                     f"{row['simulated_full_load_tok_s']:.2f} | {row['error']:+.1%} | "
-                     f"{row['profile_as_is_full_load_tok_s']:.2f} | {row['measured_tau']:.3f} | "
-                     f"{row['simulated_tau']:.3f} | {row['measured_skipped']:.0%} / {row['simulated_skipped']:.0%} |")
+                     f"{row['simulated_full_load_tok_s']:.2f} | {row['error']:+.1%} | {own} | "
+                     f"{row['profile_as_is_full_load_tok_s']:.2f} | {row['measured_tau']:.3f} | {tau} | {skipped} |")
     return "\n".join(lines) + "\n"
 
 
