@@ -50,7 +50,8 @@ def batch1_rows(trace: Trace, tables: dict, fit: dict) -> list[dict]:
 
 def load_rows(trace: Trace, tables: dict, fits: dict, levels: list[int], measured: dict | None = None) -> list[dict]:
     """Each variant in a closed loop per level, on the level's fitted cost, or where the validation has them on the
-    costs the run measured (`measured`: level -> method -> cost; target-only on its own, the rest on hardware-aware's)."""
+    costs the run measured (`measured`: level -> method -> cost; target-only on its own, the rest on
+    hardware-aware's)."""
     rows = []
     for level in levels:
         for name in [*REFERENCES, *VARIANTS]:
@@ -79,10 +80,10 @@ def main() -> None:
     folder = Path(args.validation)
     validation = json.loads((folder / "validation.json").read_text())
     embedded = next(iter(EMBEDDED_DRAFTERS.values())) / "dspark_sps_profile.json"  # where older validations' came from
-    tables, load_tables = (
-        {int(r): {int(w): float(v) for w, v in t.items()}
-         for r, t in json.loads((Path(path) if Path(path).is_file() else embedded).read_text())["by_batch_size"].items()}
-        for path in (validation["profile"], validation.get("load_profile", validation["profile"])))
+    paths = [Path(p) if Path(p).is_file() else embedded
+             for p in (validation["profile"], validation.get("load_profile", validation["profile"]))]
+    tables, load_tables = ({int(r): {int(w): float(v) for w, v in t.items()}
+                            for r, t in json.loads(path.read_text())["by_batch_size"].items()} for path in paths)
     fits = {row["concurrency"]: row["fit"] for row in validation["load"]}
     measured = {}
     for row in validation["load"]:

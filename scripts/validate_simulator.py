@@ -146,7 +146,8 @@ def measured_cost(rows: list[dict], tables: dict, level: int, own: dict | None =
     by width (the method's own median where it ran that width, as engines differ: target-only's has no drafter to feed;
     else count-weighted medians over the run's methods; widths never run there read the profile, scaled like plain
     decoding), the median drafting pass, and prefill seconds per prompt token over the method's admissions (what an
-    admission took beyond a plain step of its rows; per token, a prefill of one prompt costs about twice one of 16). Nothing fitted to a method's tokens/s. `None` for runs that predate the
+    admission took beyond a plain step of its rows; per token, a prefill of one prompt costs about twice one of
+    16). Nothing fitted to a method's tokens/s. `None` for runs that predate the
     timings."""
     if not all(row.get("full_load_step_seconds_by_width") for row in rows):
         return None

@@ -251,7 +251,8 @@ def test_bench_load_pools_passes_by_totals():
     timings = {"full_load_step_seconds": [(1, 0.1), (1, 0.3), (3, 0.2)], "full_load_draft_seconds": [0.05],
                "admissions": [[4, 20, 0.5]]}
     row = pool_passes([{**a, **timings}, {**b, **timings, "full_load_step_seconds": [(1, 0.2)]}])
-    assert row["full_load_step_seconds_by_width"] == {"1": {"median": 0.2, "count": 3}, "3": {"median": 0.2, "count": 1}}
+    assert row["full_load_step_seconds_by_width"] == {"1": {"median": 0.2, "count": 3},
+                                                      "3": {"median": 0.2, "count": 1}}
     assert row["full_load_draft_seconds"] == {"median": 0.05, "count": 2} and len(row["admissions"]) == 2
 
 

@@ -147,7 +147,8 @@ def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: 
         "skipped_rounds": sum(not r.drafted for r in rounds),
         "lookup_rounds": sum(r.source == "lookup" for r in rounds),
         # the engine's own timings at full load (a cost model's inputs; `pool_passes` keeps their medians)
-        "full_load_step_seconds": [(width, seconds) for rows, width, seconds in engine.step_timings if rows == full_rows],
+        "full_load_step_seconds": [(width, seconds) for rows, width, seconds in engine.step_timings
+                                   if rows == full_rows],
         "full_load_draft_seconds": [seconds for rows, seconds in engine.draft_timings if rows == full_rows],
         "admissions": [list(timing) for timing in engine.admit_timings],
         "prompt_ids": [list(r.prompt_ids) for r in requests],  # in admission order, the same in every method
@@ -334,7 +335,8 @@ def main(argv=None) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     document = {"command": " ".join(["dspark-hf", "bench-load", *(argv if argv is not None else sys.argv[2:])]),
-                "machine": machine_info(), "versions": version_info(), "speed_profile": str(sps_path) if sps_path else None,
+                "machine": machine_info(), "versions": version_info(),
+                "speed_profile": str(sps_path) if sps_path else None,
                 "settings": {**vars(args),
                              "target_dtype_resolved": str(target.dtype).removeprefix("torch."),
                              "drafter_dtype_resolved": str(drafter.dtype).removeprefix("torch.")},

@@ -211,8 +211,8 @@ class HardwareAwarePolicy(_MeasuredPolicy):
             verified (see `dspark_hf.scheduling`).
         mode (`str`, defaults to `"planned"`): `"planned"` or `"algorithm1"`.
         draft_seconds (`float`, *optional*): wall time of one drafting pass at batch size 1. By default it is
-            measured while generating (the median of recent passes, so it follows the machine's load); 0 ignores it (the
-            paper's GPU setting).
+            measured while generating (the median of recent passes, so it follows the machine's load); 0 ignores it
+            (the paper's GPU setting).
         max_idle_rounds (`int`, defaults to 64): the longest run of rounds without drafting between two probes.
         outcome_decay (`float`, defaults to 0.95): weight of the past per verified round in the acceptance ratio
             (about 1 / (1 - decay) rounds of memory); `None` turns the online correction off.
@@ -421,7 +421,8 @@ class PlannedWidthPolicy(_MeasuredPolicy):
 
     def __repr__(self) -> str:
         return (f"PlannedWidthPolicy({self.speed_model!r}, steps_per_second_by_rows={self.steps_per_second_by_rows!r}, "
-                f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay}, min_gain={self.min_gain})")
+                f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay}, "
+                f"min_gain={self.min_gain})")
 
 
 def _check_min_gain(min_gain: float) -> float:
