@@ -16,6 +16,7 @@ same checkpoints in vLLM (`speculative_config={"method": "dspark", ...}`) or SGL
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -34,6 +35,7 @@ from ..scheduling import plan_verification_width
 
 
 COMPACT_MIN_SLOTS = 8  # never compact the caches for fewer reclaimable slots than this
+TIMINGS_KEPT = 1 << 16  # timings of the latest rounds an engine keeps (`DSparkBatchEngine.step_timings`, ...)
 
 
 @dataclass
@@ -127,12 +129,13 @@ class DSparkBatchEngine:
         self.waiting: list[DSparkRequest] = []
         self.active: list[DSparkRequest] = []
         self.finished: list[DSparkRequest] = []
-        # every round's timings, for cost models (`dspark-hf bench-load` reports their medians): (rows, seconds) of each
-        # drafting pass, (rows, width, seconds) of each verification step (target forward, acceptance, cache update) and
-        # (requests, padded prompt tokens, seconds) of each admission (prefill and merge)
-        self.draft_timings: list[tuple[int, float]] = []
-        self.step_timings: list[tuple[int, int, float]] = []
-        self.admit_timings: list[tuple[int, int, float]] = []
+        # the latest rounds' timings, for cost models (`dspark-hf bench-load` reports their medians): (rows, seconds) of
+        # each drafting pass, (rows, width, seconds) of each verification step (target forward, acceptance, cache
+        # update) and (requests, padded prompt tokens, seconds) of each admission (prefill and merge); bounded, so a
+        # long-running engine does not grow
+        self.draft_timings: deque[tuple[int, float]] = deque(maxlen=TIMINGS_KEPT)
+        self.step_timings: deque[tuple[int, int, float]] = deque(maxlen=TIMINGS_KEPT)
+        self.admit_timings: deque[tuple[int, int, float]] = deque(maxlen=TIMINGS_KEPT)
         self._next_id = 0
         self._reset_batch_state()
 
