@@ -290,6 +290,22 @@ def test_engine_compacts_holes_and_stays_identical(monkeypatch):
         assert request.output_ids == solo(target, prompt, 30, eos_token_id=None)
 
 
+@pytest.mark.parametrize("with_drafter", [True, False])
+def test_more_arrivals_than_free_rows_with_short_prompts(with_drafter):
+    """One admission where some new requests take over finished rows and the others are appended, with prompts
+    shorter than the slot axis (their prefilled cache was left-padded twice, and the append failed)."""
+    target = make_target("llama", seed=9)
+    engine = DSparkBatchEngine(target, make_drafter(target, block_size=3) if with_drafter else None,
+                               policy="full" if with_drafter else None, pad_token_id=0)
+    early = [engine.add_request(list(range(40, 60)), 2), engine.add_request(list(range(60, 80)), 12)]
+    while not early[0].finished:
+        engine.step()
+    late = [engine.add_request(p, 6) for p in ([5, 6, 7], [8, 9], [10, 11, 12, 13])]  # 3 requests, 1 free row
+    engine.run()
+    for request in early + late:
+        assert request.output_ids == solo(target, request.prompt_ids, request.max_new_tokens, eos_token_id=None)
+
+
 def test_new_requests_take_over_finished_rows_in_place(monkeypatch):
     """Closed loop: whenever a request finishes, a new one arrives; it takes over the freed row (no row removal and
     append), including prompts longer than the current slot axis, and every output equals solo generation."""

@@ -231,7 +231,10 @@ class DSparkBatchEngine:
         first = torch.stack([self._pick(r.prompt_ids, logits[i, -1]) for i, r in enumerate(new)])
         next_position = positions[:, -1] + 1
         free = [row for row, request in enumerate(self.active) if request.finished][: len(new)]
+        rest_mask = mask[len(free):]
         if free:
+            # the take-over left-pads the whole prefilled cache to the slot axis; the rest's mask must match it
+            rest_mask = pad_mask_left(rest_mask, max(self.slot_mask.shape[1], mask.shape[1]) - mask.shape[1])
             self._take_over(free, new[: len(free)], cache, draft_cache, mask, next_position, first)
         rest = new[len(free):]  # requests that found no free row: appended
         if rest:
@@ -241,7 +244,7 @@ class DSparkBatchEngine:
                 if draft_cache is not None:
                     draft_cache.batch_select_indices(index.to(self.drafter.device))
             tail = slice(len(free), None)
-            self._merge(rest, cache, draft_cache, mask[tail], next_position[tail], first[tail])
+            self._merge(rest, cache, draft_cache, rest_mask, next_position[tail], first[tail])
         new_rows = free + list(range(len(self.active) - len(rest), len(self.active)))
         self.admit_timings.append((len(new), width, self.clock() - start))
         return self._commit_and_retire(dict(zip(new_rows, ([t] for t in first.tolist()))))
