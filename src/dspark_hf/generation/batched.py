@@ -231,11 +231,8 @@ class DSparkBatchEngine:
         first = torch.stack([self._pick(r.prompt_ids, logits[i, -1]) for i, r in enumerate(new)])
         next_position = positions[:, -1] + 1
         free = [row for row, request in enumerate(self.active) if request.finished][: len(new)]
-        rest_mask = mask[len(free):]
         if free:
-            # the take-over left-pads the whole prefilled cache to the slot axis; the rest's mask must match it
-            rest_mask = pad_mask_left(rest_mask, max(self.slot_mask.shape[1], mask.shape[1]) - mask.shape[1])
-            self._take_over(free, new[: len(free)], cache, draft_cache, mask, next_position, first)
+            mask = self._take_over(free, new[: len(free)], cache, draft_cache, mask, next_position, first)
         rest = new[len(free):]  # requests that found no free row: appended
         if rest:
             if free:  # keep only their rows of the prefilled caches
@@ -244,13 +241,15 @@ class DSparkBatchEngine:
                 if draft_cache is not None:
                     draft_cache.batch_select_indices(index.to(self.drafter.device))
             tail = slice(len(free), None)
-            self._merge(rest, cache, draft_cache, rest_mask, next_position[tail], first[tail])
+            self._merge(rest, cache, draft_cache, mask[tail], next_position[tail], first[tail])
         new_rows = free + list(range(len(self.active) - len(rest), len(self.active)))
         self.admit_timings.append((len(new), width, self.clock() - start))
         return self._commit_and_retire(dict(zip(new_rows, ([t] for t in first.tolist()))))
 
-    def _take_over(self, rows, requests, cache, draft_cache, mask, next_position, anchor) -> None:
-        """Writes the first `len(rows)` prefilled requests into the (finished) `rows`, right-aligned on the slot axis."""
+    def _take_over(self, rows, requests, cache, draft_cache, mask, next_position, anchor) -> torch.Tensor:
+        """Writes the first `len(rows)` prefilled requests into the (finished) `rows`, right-aligned on the slot axis.
+        The prefilled caches are left-padded to the slot axis in place, every row of them: returns `mask` padded alike,
+        for the rows that are appended afterwards."""
         width, new_width = self.slot_mask.shape[1], mask.shape[1]
         if new_width > width:  # the prompt is longer than the slot axis: grow every row by holes on the left
             pad_slots_left(self.cache, new_width - width)
@@ -267,11 +266,13 @@ class DSparkBatchEngine:
                 for name in ("keys", "values"):
                     states = getattr(main_layer, name)
                     states[index.to(states.device)] = getattr(part_layer, name)[:count]
-        self.slot_mask[index] = pad_mask_left(mask[:count], width - new_width)
+        mask = pad_mask_left(mask, width - new_width)
+        self.slot_mask[index] = mask[:count]
         self.next_position[index] = next_position[:count]
         self.anchor[index] = anchor[:count]
         for row, request in zip(rows, requests):
             self.active[row] = request
+        return mask
 
     def _drop_finished(self) -> None:
         if any(request.finished for request in self.active):
