@@ -121,6 +121,9 @@ def test_each_rank_trains_on_its_own_shard_and_the_ranks_stay_identical(two_proc
         assert sorted(seen[0] + seen[1]) == list(range(NUM_EXAMPLES)), seen  # none twice, none missed
     assert batches[0][:STEPS_PER_EPOCH] != batches[0][STEPS_PER_EPOCH:]  # each epoch reshuffles
 
+    for rank in (0, 1):  # the DDP wrapper was freed while the group was registered, so no rank can hang at exit
+        assert read_jsonl(records / f"teardown-rank{rank}.jsonl") == [{"wrapper_alive": False}]
+
     weights = [load_file(records / f"weights-rank{rank}.safetensors") for rank in (0, 1)]
     # every rank applies the same all-reduced gradient to the same weights: identical bit for bit
     assert weights[0].keys() == weights[1].keys()

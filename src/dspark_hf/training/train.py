@@ -14,6 +14,7 @@ layout (LoRA runs save PEFT adapters; `--merge` adds a merged drafter in the off
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
@@ -575,10 +576,24 @@ def main(argv: list[str] | None = None) -> int:
     saved = save_final(trainer, model_args, lora_args)
     if trainer.is_world_process_zero():
         print(f"Saved: {', '.join(saved)}")
-    # Tear the process group down before the interpreter exits: a gloo group left to exit handlers can abort a rank
-    # ("terminate called without an active exception") after all its work is done.
-    trainer.accelerator.end_training()
+    end_distributed(trainer)
     return 0
+
+
+def end_distributed(trainer: Trainer) -> None:
+    """Tears a multi-process run down in an order that cannot hang or abort a rank.
+
+    A gloo group left to exit handlers can abort a rank ("terminate called without an active exception") after all
+    its work is done, so the group is destroyed here. But the group must not be freed by the DDP wrapper's `Reducer`
+    either: its binding keeps the GIL while the group's destructor joins the gloo worker threads, and a worker still
+    releasing a finished collective's tensors needs the GIL, a deadlock (a resumed two-process run hung in 1 of 1 tries
+    with torch 2.13). So the wrapper goes first, while the group is still registered, and `destroy_process_group`,
+    whose binding releases the GIL, frees the group last.
+    """
+    trainer.model_wrapped = trainer.model = trainer.accelerator.unwrap_model(trainer.model)
+    trainer.accelerator.free_memory()  # accelerate's own references to the wrapper
+    gc.collect()
+    trainer.accelerator.end_training()
 
 
 if __name__ == "__main__":
