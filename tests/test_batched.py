@@ -331,6 +331,55 @@ def test_new_requests_take_over_finished_rows_in_place(monkeypatch):
         assert request.output_ids == solo(target, prompt, length, eos_token_id=None), request.request_id
 
 
+@pytest.mark.parametrize("with_drafter", [True, False])
+def test_held_back_arrivals_are_admitted_together_and_stay_identical(with_drafter, monkeypatch):
+    """`admission_wait_rounds=2`: requests arriving in successive rounds while others decode wait (their
+    predecessors' finished rows kept, computed and dropped) and are prefilled in one admission, at most 2 rounds
+    late, taking the kept rows over; every output still equals solo generation."""
+    appended = []
+    original_merge = DSparkBatchEngine._merge
+    monkeypatch.setattr(DSparkBatchEngine, "_merge",
+                        lambda self, requests, *args: appended.append(len(requests)) or original_merge(
+                            self, requests, *args))
+    target = make_target("llama", seed=12)
+    drafter = make_drafter(target, block_size=3) if with_drafter else None
+    engine = DSparkBatchEngine(target, drafter, policy="full" if with_drafter else None, pad_token_id=0,
+                               admission_wait_rounds=2)
+    long = engine.add_request(list(range(30, 50)), 40)
+    short = [engine.add_request([5 + i, 6, 7], 2 + i) for i in range(3)]  # finish in successive early rounds
+    done = engine.step()
+    assert [r.request_id for r in engine.active] == [0, 1, 2, 3]  # nothing decoded yet: admitted at once
+    late, waits = [], []
+    while engine.active or engine.waiting:
+        for request in done:
+            if request in short:
+                late.append(engine.add_request([9, 8, 7, 6][: 2 + len(late)], 5))
+        if engine.waiting:
+            waits.append(engine._waited_rounds)
+        done = engine.step()
+    assert max(waits) <= 2
+    assert appended == [4]  # only the first admission appended rows: the late arrivals took the kept rows over
+    joined = [requests for requests, _, _ in engine.admit_timings]
+    assert joined[0] == 4 and sum(joined[1:]) == 3 and len(joined) < 4  # late arrivals shared a prefill
+    for request in [long, *short, *late]:
+        assert request.output_ids == solo(target, request.prompt_ids, request.max_new_tokens, eos_token_id=None)
+
+
+def test_admission_wait_never_holds_a_request_while_nothing_decodes():
+    target = make_target("llama", seed=12)
+    engine = DSparkBatchEngine(target, None, pad_token_id=0, admission_wait_rounds=5)
+    first = engine.add_request([5, 6, 7], 2)
+    engine.run()
+    second = engine.add_request([8, 9], 3)
+    engine.step()  # the engine is empty: admitted at once, not after 5 rounds
+    assert engine.active == [second] and len(engine.admit_timings) == 2
+    engine.run()
+    assert first.output_ids == solo(target, [5, 6, 7], 2, eos_token_id=None)
+    assert second.output_ids == solo(target, [8, 9], 3, eos_token_id=None)
+    with pytest.raises(ValueError, match="admission_wait_rounds must be >= 0"):
+        DSparkBatchEngine(target, None, admission_wait_rounds=-1)
+
+
 def test_appending_layer_behaves_like_concatenation():
     from dspark_hf.generation.cache_ops import AppendingLayer
 

@@ -390,6 +390,31 @@ def test_bench_load_reports_the_target_dtype_and_identity(prompt_files, tmp_path
         bench_load.main(argv[:11] + ["target,full+eagle"] + argv[12:])
     assert "identical" not in rows["target"] and "outputs" not in rows["full"]
     assert "Target in float32" in (tmp_path / "out" / "bench_load.md").read_text()
+    for bad in ("-1", "two", "0,-2"):
+        with pytest.raises(SystemExit):  # one-line argparse error
+            bench_load.main(argv + ["--admission_wait_rounds", bad])
+
+
+def test_bench_load_runs_every_method_at_each_admission_wait(prompt_files, tmp_path, monkeypatch):
+    from dspark_hf.benchmarks import bench_load
+
+    target, tokenizer = make_target(), make_tokenizer()
+    make_drafter(target, block_size=3).save_pretrained(tmp_path / "drafter")
+    monkeypatch.setattr(bench_load, "load_target", lambda *args, **kwargs: (target, tokenizer))
+    waits = []
+    engine_init = bench_load.DSparkBatchEngine.__init__
+    monkeypatch.setattr(bench_load.DSparkBatchEngine, "__init__", lambda self, *args, **kwargs: waits.append(
+        kwargs["admission_wait_rounds"]) or engine_init(self, *args, **kwargs))
+    argv = ["--drafter", str(tmp_path / "drafter"), "--prompts", str(prompt_files[0]), "--concurrency", "3",
+            "--requests", "6", "--max_new_tokens", "5", "--random_range_ratio", "0.5", "--methods", "target,full",
+            "--repeats", "1", "--target-dtype", "float32", "--admission_wait_rounds", "0,2",
+            "--output_dir", str(tmp_path / "out")]
+    assert bench_load.main(argv) == 0
+    rows = {row["method"]: row for row in json.loads((tmp_path / "out" / "bench_load.json").read_text())["results"]}
+    assert list(rows) == ["target", "full", "target wait=2", "full wait=2"] and set(waits) == {0, 2}
+    assert rows["target"]["full_load_vs_target"] == 1.0 and "full_load_vs_target" in rows["full wait=2"]
+    for method in ("full", "target wait=2", "full wait=2"):  # float32: every setting decodes the same tokens
+        assert rows[method]["identical"] == rows[method]["identical_of"] == 6
 
 
 def test_bench_load_hardware_aware_plans_on_a_profile_of_its_levels(prompt_files, tmp_path, monkeypatch):

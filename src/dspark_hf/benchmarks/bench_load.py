@@ -14,7 +14,9 @@ By default every request has the same budget (`--max_new_tokens`) and, as prompt
 requests finish in lockstep: each wave is admitted in one prefill, while a speculative method's rows finish apart and
 are admitted a few at a time (a prefill of one prompt costs ~2x per prompt what a prefill of 16 does on a 2-core CPU).
 `--random_range_ratio r` draws each request's budget from ``[1 - r, 1 + r] · max_new_tokens`` (the same draws for
-every method), as lengths vary in serving.
+every method), as lengths vary in serving. `--admission_wait_rounds N` (every method alike) lets requests that arrive
+while others decode wait up to N rounds so that several are prefilled together ([`DSparkBatchEngine`]); several
+values (`0,2`) run every method at each, side by side (`METHOD wait=N` rows; ratios against target-only at the first).
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ def _parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--sps", default=None, help="profile from `dspark-hf profile` with these batch sizes (default: "
                         "the drafter folder's if measured on this kind of machine in this dtype at these levels, else "
                         "one measured here once and cached)")
+    parser.add_argument("--admission_wait_rounds", default="0",
+                        help="rounds a new request may wait while others decode, so that requests arriving in successive "
+                        "rounds share one prefill; the same for every method; comma-separated values run every method "
+                        "at each, as 'METHOD wait=N' rows (default: %(default)s)")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2,
@@ -77,6 +83,13 @@ def _parse_args(argv) -> argparse.Namespace:
         parser.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.prompt_lookup_num_tokens < 1:
         parser.error(f"--prompt_lookup_num_tokens must be >= 1, got {args.prompt_lookup_num_tokens}")
+    try:
+        args.admission_waits = [int(part) for part in args.admission_wait_rounds.split(",")]
+    except ValueError:
+        args.admission_waits = [-1]
+    if min(args.admission_waits) < 0:
+        parser.error(f"--admission_wait_rounds takes comma-separated integers >= 0 (0 admits at every step), got "
+                     f"{args.admission_wait_rounds!r}")
     if not 0.0 <= args.random_range_ratio < 1.0:
         parser.error(f"--random_range_ratio must be in [0, 1) (0.5: budgets from 0.5x to 1.5x --max_new_tokens), got "
                      f"{args.random_range_ratio}")
@@ -113,11 +126,13 @@ def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: 
     full_tokens, full_seconds, full_steps, steps = 0, 0.0, 0, 0
     while engine.active or engine.waiting:
         before = sum(len(r.output_ids) for r in requests)
+        # all c requests in the engine, decoding or waiting (held back by `admission_wait_rounds`, or admitted now)
+        full = sum(not r.finished for r in engine.active) + len(engine.waiting) == full_rows
         step_start = engine.clock()
         done = engine.step()
         step_seconds = engine.clock() - step_start
         steps += 1
-        if len(engine.active) == full_rows:  # rows of this step's round (finished ones keep theirs until the next)
+        if full:
             full_tokens += sum(len(r.output_ids) for r in requests) - before
             full_seconds += step_seconds
             full_steps += 1
@@ -239,16 +254,24 @@ def _speed_profile(args, target, drafter, levels: list[int]) -> Path | None:
 
 
 def _engines(args, target, drafter, pad_token_id, eos_token_id, sps_path: Path | None):
+    """(name, engine factory) per method and `--admission_wait_rounds` value (the first unnamed)."""
+    for index, wait in enumerate(args.admission_waits):
+        suffix = f" wait={wait}" if index else ""
+        for name, make_engine in _method_engines(args, target, drafter, pad_token_id, eos_token_id, sps_path, wait):
+            yield name + suffix, make_engine
+
+
+def _method_engines(args, target, drafter, pad_token_id, eos_token_id, sps_path: Path | None, wait: int):
     by_rows = None
     if sps_path is not None:
         profile = json.loads(sps_path.read_text())
         by_rows = {int(k): v for k, v in profile.get("by_batch_size", {}).items()} or None
     lookup_tokens = args.prompt_lookup_num_tokens
+    common = {"eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "admission_wait_rounds": wait}
     for name in args.methods.split(","):
         if name in ("target", "prompt_lookup"):
             tokens = lookup_tokens if name == "prompt_lookup" else None
-            yield name, lambda t=tokens: DSparkBatchEngine(target, None, eos_token_id=eos_token_id,
-                                                           pad_token_id=pad_token_id, prompt_lookup_num_tokens=t)
+            yield name, lambda t=tokens: DSparkBatchEngine(target, None, prompt_lookup_num_tokens=t, **common)
             continue
         policy_name, lookup = split_lookup(name, f"--methods {name}")
         tokens = lookup_tokens if lookup else None
@@ -262,8 +285,7 @@ def _engines(args, target, drafter, pad_token_id, eos_token_id, sps_path: Path |
         else:
             policy = get_policy(policy_name)
         yield name, (lambda p=policy, t=tokens: DSparkBatchEngine(
-            target, drafter, policy=p, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-            steps_per_second_by_rows=by_rows, prompt_lookup_num_tokens=t))
+            target, drafter, policy=p, steps_per_second_by_rows=by_rows, prompt_lookup_num_tokens=t, **common))
 
 
 def _plot(results: list[dict], path: Path) -> None:

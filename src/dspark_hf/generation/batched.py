@@ -81,6 +81,13 @@ class DSparkBatchEngine:
             profiled curve for this many rows from each request's measured lookup acceptance (drafting is free there);
             otherwise a match is verified whole. Without a drafter the engine is batched prompt lookup decoding.
         max_matching_ngram_size (`int`, defaults to 3): the longest n-gram matched.
+        admission_wait_rounds (`int`, defaults to 0): how many rounds a new request may wait while other requests
+            decode, so that requests arriving in successive rounds are prefilled in one forward (TGI's
+            `max_waiting_tokens`). On a CPU a forward has a large fixed cost: a one-prompt prefill of ~100 tokens
+            costs about twice as much per prompt as a 16-prompt one, and rows that accept different numbers of drafts
+            finish, and are replaced, a few at a time. Finished rows stay in place while their successors wait
+            (computed, their output dropped), so the successors take them over without copying the other rows'
+            caches. 0 admits at every step; a request that arrives while nothing decodes is admitted at once.
 
     Example:
 
@@ -108,7 +115,12 @@ class DSparkBatchEngine:
         steps_per_second_by_rows: Mapping[int, Mapping[int, float]] | None = None,
         prompt_lookup_num_tokens: int | None = None,
         max_matching_ngram_size: int = 3,
+        admission_wait_rounds: int = 0,
     ):
+        if admission_wait_rounds < 0:
+            raise ValueError(f"admission_wait_rounds must be >= 0 (0 admits new requests at every step), got "
+                             f"{admission_wait_rounds}.")
+        self.admission_wait_rounds = admission_wait_rounds
         if prompt_lookup_num_tokens is not None and prompt_lookup_num_tokens < 1:
             raise ValueError(f"prompt_lookup_num_tokens must be >= 1 to use prompt lookup (None turns it off), got "
                              f"{prompt_lookup_num_tokens}.")
@@ -137,6 +149,7 @@ class DSparkBatchEngine:
         self.step_timings: deque[tuple[int, int, float]] = deque(maxlen=TIMINGS_KEPT)
         self.admit_timings: deque[tuple[int, int, float]] = deque(maxlen=TIMINGS_KEPT)
         self._next_id = 0
+        self._waited_rounds = 0  # rounds run since the oldest waiting request arrived
         self._reset_batch_state()
 
     def _use_policy(self, policy: VerificationPolicy, steps_per_second_by_rows) -> None:
@@ -169,11 +182,13 @@ class DSparkBatchEngine:
 
         A finished request keeps its row until the next step: a request admitted then takes the row over in place
         (its prefilled K/V written into the row), which spares copying every other row's cache, as removing a row
-        and appending one would. Rows nobody takes over are removed before the round."""
-        done = self._admit() if self.waiting else []
-        self._drop_finished()
+        and appending one would. Rows nobody takes over are removed before the round, except those kept for requests
+        held back by `admission_wait_rounds`."""
+        done = self._admit() if self._admission_due() else []
+        self._drop_finished(keep=len(self.waiting))
         if self.active:
             done += self._round()
+            self._waited_rounds += bool(self.waiting)
         return done
 
     def run(self) -> list[DSparkRequest]:
@@ -183,6 +198,14 @@ class DSparkBatchEngine:
         return sorted(self.finished, key=lambda r: r.request_id)
 
     # --- batch state --------------------------------------------------------------------------------------------
+
+    def _admission_due(self) -> bool:
+        """Whether waiting requests are admitted at this step: at once when `admission_wait_rounds` is 0 or nothing
+        else decodes, else once the oldest has waited that many rounds."""
+        if not self.waiting:
+            return False
+        decoding = any(not request.finished for request in self.active)
+        return not decoding or self._waited_rounds >= self.admission_wait_rounds
 
     def _reset_batch_state(self) -> None:
         self.cache: DynamicCache | None = None  # target KV, (rows, slots)
@@ -212,7 +235,7 @@ class DSparkBatchEngine:
     # --- admission (prefill + merge) ----------------------------------------------------------------------------
 
     def _admit(self) -> list[DSparkRequest]:
-        start, new, self.waiting = self.clock(), self.waiting, []
+        start, new, self.waiting, self._waited_rounds = self.clock(), self.waiting, [], 0
         width = max(len(r.prompt_ids) for r in new)
         ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long, device=self.device)
         mask = torch.zeros(len(new), width, dtype=torch.bool, device=self.device)
@@ -274,9 +297,12 @@ class DSparkBatchEngine:
             self.active[row] = request
         return mask
 
-    def _drop_finished(self) -> None:
-        if any(request.finished for request in self.active):
-            self._select_rows([row for row, request in enumerate(self.active) if not request.finished])
+    def _drop_finished(self, keep: int = 0) -> None:
+        """Removes the rows of finished requests but the first `keep` (kept for waiting requests to take over)."""
+        finished = [row for row, request in enumerate(self.active) if request.finished]
+        if len(finished) > keep:
+            dropped = set(finished[keep:])
+            self._select_rows([row for row in range(len(self.active)) if row not in dropped])
 
     def _merge(self, requests, cache, draft_cache, mask, next_position, anchor) -> None:
         if self.cache is None:
@@ -300,15 +326,18 @@ class DSparkBatchEngine:
     # --- one round ----------------------------------------------------------------------------------------------
 
     def _round(self) -> list[DSparkRequest]:
-        budgets = [r.max_new_tokens - len(r.output_ids) - 1 for r in self.active]  # drafts that still fit
+        # drafts that still fit; none for a finished request's row kept for a waiting request (computed, then dropped)
+        budgets = [0 if r.finished else r.max_new_tokens - len(r.output_ids) - 1 for r in self.active]
         rows, draft, draft_seconds, began = len(self.active), None, None, False
         matches = self._lookup_matches(budgets)
-        strong = [ngram >= MIN_NGRAM for _, ngram in matches]
+        strong = [ngram >= MIN_NGRAM or r.finished for (_, ngram), r in zip(matches, self.active)]
         # A round where every row has a match of 2+ tokens needs no drafter pass (nor a plan: as at batch size 1, the
         # policy hears only of its own rounds).
         if self.drafter is not None and not all(strong):
             began = True
-            if self.policy.begin_round([r.last_confidences for r in self.active], self.drafter.config.block_size):
+            block_size = self.drafter.config.block_size
+            stale = [[0.0] * block_size if r.finished else r.last_confidences for r in self.active]
+            if self.policy.begin_round(stale, block_size):
                 start = self.clock()
                 draft = self._draft(budgets)
                 draft_seconds = self.clock() - start
@@ -338,6 +367,9 @@ class DSparkBatchEngine:
         )
         committed, accepted = {}, []
         for row, request in enumerate(self.active):
+            if request.finished:
+                accepted.append(0)
+                continue
             lookup = row in lookup_rows
             committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits,
                                                             None if lookup else draft)
@@ -355,7 +387,8 @@ class DSparkBatchEngine:
         if began:
             # lookup rows carry no confidences: the policy corrects its confidences from drafted rows only, and times
             # the forward at its real width
-            confidences = [[] if row in lookup_rows or draft is None else draft.confidences[row] for row in range(rows)]
+            confidences = [[] if row in lookup_rows or draft is None or self.active[row].finished
+                           else draft.confidences[row] for row in range(rows)]
             self.policy.end_round(RoundOutcome(confidences, lengths, accepted, drafted=draft is not None,
                                                observed=draft is not None and draft.observed,
                                                draft_seconds=draft_seconds, step_seconds=step_seconds))

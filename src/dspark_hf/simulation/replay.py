@@ -198,15 +198,16 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         block_size (`int`): the drafter's block size.
         policy (`str` or [`VerificationPolicy`], *optional*): `None` simulates target-only batched decoding.
         eos_token_ids (`Sequence[int]`), steps_per_second_by_rows, prompt_lookup_num_tokens,
-            max_matching_ngram_size: as for the engine (lookup drafts are checked against the trace's output; with
+            max_matching_ngram_size, admission_wait_rounds: as for the engine (lookup drafts are checked against the trace's output; with
             `policy=None` and lookup, batched prompt lookup decoding without a drafter).
     """
 
     def __init__(self, sequences: Sequence[TraceSequence], cost: CostModel, block_size: int,
                  policy: str | VerificationPolicy | None = None, eos_token_ids: Sequence[int] = (),
                  steps_per_second_by_rows=None, prompt_lookup_num_tokens: int | None = None,
-                 max_matching_ngram_size: int = 3):
+                 max_matching_ngram_size: int = 3, admission_wait_rounds: int = 0):
         self.clock = SimulatedClock()
+        self.admission_wait_rounds, self._waited_rounds = admission_wait_rounds, 0
         self.prompt_lookup_num_tokens, self.max_matching_ngram_size = prompt_lookup_num_tokens, max_matching_ngram_size
         self.cost = cost
         self.by_prompt = {tuple(s.prompt_ids): s for s in sequences}
@@ -235,7 +236,7 @@ class SimulatedBatchEngine(DSparkBatchEngine):
     # --- the model calls, replaced ------------------------------------------------------------------------------
 
     def _admit(self) -> list[DSparkRequest]:
-        new, self.waiting = self.waiting, []
+        new, self.waiting, self._waited_rounds = self.waiting, [], 0
         self.clock.advance(self.cost.prefill_seconds(len(new), max(len(r.prompt_ids) for r in new)))
         free = [row for row, request in enumerate(self.active) if request.finished][: len(new)]
         for row, request in zip(free, new):  # take over finished rows in place, as the engine does

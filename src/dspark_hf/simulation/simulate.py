@@ -216,6 +216,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--prompt_lookup_num_tokens", type=int, default=10,
                         help="the most lookup drafts per round of a POLICY+lookup method (default: %(default)s)")
+    parser.add_argument("--admission_wait_rounds", type=int, default=0,
+                        help="rounds a new request may wait while others decode (the engine's knob; default: "
+                        "%(default)s)")
     parser.add_argument("--concurrency", default="1", help="comma-separated levels; 0 or 'batch1' for the assisted "
                         "loop (bench); default: %(default)s")
     parser.add_argument("--arrivals", default="closed", help="closed, or poisson:RATE (requests per second)")
@@ -226,6 +229,8 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.add_argument(f"--{name}", type=float, help="override the cost model's value")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
+    if args.admission_wait_rounds < 0:
+        parser.error(f"--admission_wait_rounds must be >= 0 (0 admits at every step), got {args.admission_wait_rounds}")
     if args.arrivals != "closed" and not args.arrivals.startswith("poisson:"):
         parser.error(f"--arrivals must be 'closed' or 'poisson:RATE', got {args.arrivals!r}")
     return args
@@ -281,7 +286,7 @@ def _simulate_load(args, trace, cost, policies, tables, levels, max_new) -> list
         tokens = args.prompt_lookup_num_tokens if spec.endswith(LOOKUP_SUFFIX) or spec == PROMPT_LOOKUP else None
         make_engine = lambda p=policy, t=tokens: SimulatedBatchEngine(  # noqa: E731
             trace.sequences, cost, trace.block_size, p, trace.eos_token_ids, steps_per_second_by_rows=tables,
-            prompt_lookup_num_tokens=t)
+            prompt_lookup_num_tokens=t, admission_wait_rounds=args.admission_wait_rounds)
         if args.arrivals == "closed":
             rows = simulate_closed_loop(trace, make_engine, levels, max_new, args.requests, args.repeats)
         else:
