@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -79,6 +81,38 @@ def test_batched_drafts_are_the_solo_drafts():
         target.generate(torch.tensor([prompt]), assistant_model=drafter, do_sample=False, max_new_tokens=15,
                         eos_token_id=None, pad_token_id=0)
         assert request.stats.accept_lengths == drafter.generation_stats.accept_lengths
+
+
+def test_a_drafter_that_sat_out_plain_rounds_drafts_as_if_it_had_seen_them():
+    """Plain rounds leave their target features pending (`_sync_context` ingests them before the next drafting pass,
+    admission, row removal or compaction): the drafts equal those of an engine that ingests every round, and rows
+    that join, leave and compact in between keep their context aligned."""
+    target = make_target("llama", seed=4)
+    drafter = make_drafter(target, block_size=3)
+
+    def run(ingest_every_round: bool):
+        engine = DSparkBatchEngine(target, drafter, policy="full", pad_token_id=0)
+        rounds, begin, pending = itertools.count(), engine.policy.begin_round, []
+        engine.policy.begin_round = lambda *args: begin(*args) and next(rounds) % 3 == 2  # draft every third round
+        sync, advance = engine._sync_context, engine._advance
+        engine._sync_context = lambda: pending.append(len(engine._pending_context)) or sync()
+        if ingest_every_round:
+            engine._advance = lambda *args: advance(*args) or sync()
+        prompts, lengths = [[5, 6, 7], [9, 10, 11, 12], [20], [3] * 9, [7, 8]], [14, 6, 11, 9, 12]
+        requests = [engine.add_request(p, n) for p, n in zip(prompts[:3], lengths[:3])]
+        while engine.active or engine.waiting:
+            for _ in engine.step():
+                if len(requests) < len(prompts):
+                    requests.append(engine.add_request(prompts[len(requests)], lengths[len(requests)]))
+        return requests, max(pending)
+
+    requests, most_pending = run(ingest_every_round=False)
+    reference, _ = run(ingest_every_round=True)
+    assert most_pending >= 2  # rounds' features did wait for a drafting pass
+    for request, expected in zip(requests, reference):
+        assert [r.draft_ids for r in request.stats.rounds] == [r.draft_ids for r in expected.stats.rounds]
+        assert any(r.draft_ids for r in request.stats.rounds)
+        assert request.output_ids == solo(target, request.prompt_ids, request.max_new_tokens, eos_token_id=None)
 
 
 @settings(max_examples=15, deadline=None)
