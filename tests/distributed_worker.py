@@ -22,7 +22,6 @@ import sys
 import weakref
 
 import torch.distributed
-
 from safetensors.torch import save_file
 from transformers import TrainerCallback
 

@@ -187,6 +187,29 @@ def test_engine_replay_takes_the_live_rounds(models, trace, spec):
         assert any(x[3] == "lookup" and x[1] > 0 for r in rounds(live) for x in r)
 
 
+@pytest.mark.parametrize("spec", ["target", "full", "hardware_aware"])
+def test_engine_replay_holds_arrivals_back_as_the_engine_does(models, trace, spec):
+    """`admission_wait_rounds=2` in a closed loop of 3: the simulated engine admits (and keeps finished rows for the
+    waiting requests) in the same rounds as the live one."""
+    target, drafter, eos = models
+    tables = {r: {w: s / r for w, s in SPS.items()} for r in (1, 2, 3)}
+    live_policy, simulated_policy = make_policy(spec, SPS), make_policy(spec, SPS)
+    live = DSparkBatchEngine(target, drafter if live_policy else None, policy=live_policy, eos_token_id=eos,
+                             steps_per_second_by_rows=tables, admission_wait_rounds=2)
+    live.clock = TickClock().perf_counter
+    cost = KneeCost(forward_seconds=TICK, knee_tokens=10**6, draft_seconds=TICK)
+    simulated = SimulatedBatchEngine(trace.sequences, cost, trace.block_size, simulated_policy, [eos],
+                                     steps_per_second_by_rows=tables, admission_wait_rounds=2)
+    admitted = {live: [], simulated: []}
+    for engine in (live, simulated):
+        admit = engine._admit
+        engine._admit = lambda e=engine, admit=admit: admitted[e].append(len(e.waiting)) or admit()
+        run_level(engine, PROMPTS, 3, 7, MAX_NEW_TOKENS)
+    assert [r.output_ids for r in live.finished] == [r.output_ids for r in simulated.finished]
+    assert [len(r.stats.rounds) for r in live.finished] == [len(r.stats.rounds) for r in simulated.finished]
+    assert admitted[live] == admitted[simulated] and sum(admitted[live]) == 7
+
+
 def _hand_made_sequence() -> TraceSequence:
     """10 output tokens; the drafter at every anchor proposes 3 drafts of which A(c) = 2 are right."""
     output = list(range(10, 20))

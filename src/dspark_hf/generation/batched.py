@@ -342,8 +342,9 @@ class DSparkBatchEngine:
     # --- one round ----------------------------------------------------------------------------------------------
 
     def _round(self) -> list[DSparkRequest]:
-        # drafts that still fit; none for a finished request's row kept for a waiting request (computed, then dropped)
-        budgets = [0 if r.finished else r.max_new_tokens - len(r.output_ids) - 1 for r in self.active]
+        # drafts that still fit; -1 for a finished request's row kept for a waiting request (computed, then dropped,
+        # its confidences hidden from the policy)
+        budgets = [-1 if r.finished else r.max_new_tokens - len(r.output_ids) - 1 for r in self.active]
         rows, draft, draft_seconds, began = len(self.active), None, None, False
         matches = self._lookup_matches(budgets)
         strong = [ngram >= MIN_NGRAM or r.finished for (_, ngram), r in zip(matches, self.active)]

@@ -54,7 +54,8 @@ class SlotSchedule:
     Args:
         policy ([`VerificationPolicy`], *optional*): anything with the policy interface's `verified` and `settled`
             (`dspark_hf.generation.verification_policy`); `None` verifies every slot within the budgets.
-        budgets (`Sequence[int]`): the most drafts each row may verify (its length budget).
+        budgets (`Sequence[int]`): the most drafts each row may verify (its length budget); negative for a row the
+            policy must not see (its confidences are shown as zeros).
     """
 
     def __init__(self, policy, budgets: Sequence[int]):
@@ -67,6 +68,7 @@ class SlotSchedule:
     def admit(self, slot: int, confidences: list[list[float]]) -> bool:
         """Called once every row's c_{slot+1} is known: whether to sample `slot` (`False` ends the block)."""
         self.num_looked_at += 1
+        confidences = self._shown(confidences)
         candidates = [verifying and slot < budget for verifying, budget in zip(self.verifying, self.budgets)]
         if self.policy is None or not any(candidates):
             self.verifying = candidates
@@ -80,7 +82,14 @@ class SlotSchedule:
 
     def settled(self, confidences: list[list[float]]) -> bool:
         """Whether the policy has learned all it can from the confidences computed so far."""
-        return self.policy is None or self.policy.settled(confidences)
+        return self.policy is None or self.policy.settled(self._shown(confidences))
+
+    def _shown(self, confidences: list[list[float]]) -> list[list[float]]:
+        """The confidences the policy sees: zeros for a row with a negative budget (the batched engine's row of a
+        finished request, kept for a waiting one: drafted along, never verified)."""
+        if min(self.budgets, default=0) >= 0:
+            return confidences
+        return [[0.0] * len(values) if budget < 0 else values for values, budget in zip(confidences, self.budgets)]
 
     def observed(self, confidences: list[list[float]]) -> bool:
         """Whether the policy judges the confidences computed so far complete (never before the first slot)."""

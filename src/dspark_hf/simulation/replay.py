@@ -263,14 +263,18 @@ class SimulatedBatchEngine(DSparkBatchEngine):
 
     def _draft(self, budgets: list[int]) -> DraftedBlock:
         """The engine's slot loop (`DSparkBatchEngine._draft`) on the trace: the same `SlotSchedule` and policy."""
-        rows = len(self.active)
+        rows, block_size = len(self.active), self.drafter.config.block_size
         at_anchor = [self._sequence_of[r.request_id] for r in self.active]
         committed = [len(r.output_ids) for r in self.active]
-        confidences, schedule = _choose(self.policy, [s.confidences[c - 1] for s, c in zip(at_anchor, committed)],
-                                        budgets, self.drafter.config.block_size)  # fmt: skip
+        # a finished request's row kept for a waiting one is drafted along but never seen: zeros, as the policy sees it
+        kept = [r.finished for r in self.active]
+        confidences, schedule = _choose(
+            self.policy, [[0.0] * block_size if k else s.confidences[c - 1] for s, c, k in zip(at_anchor, committed, kept)],
+            budgets, block_size)
         slots = schedule.num_sampled
         self.clock.advance(self.cost.drafting_seconds(rows, slots))
-        ids = torch.tensor([s.draft_ids[c - 1][:slots] for s, c in zip(at_anchor, committed)], dtype=torch.long)
+        ids = torch.tensor([[0] * slots if k else s.draft_ids[c - 1][:slots] for s, c, k in zip(at_anchor, committed, kept)],
+                           dtype=torch.long)
         return DraftedBlock(ids.view(rows, slots), torch.zeros(rows, slots, 0), confidences, [[] for _ in range(rows)],
                             schedule.lengths, schedule.observed(confidences))  # fmt: skip
 
