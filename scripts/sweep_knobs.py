@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dspark_hf.generation.policies import HardwareAwarePolicy
 from dspark_hf.models import EMBEDDED_DRAFTERS
+from dspark_hf.profiling import load_speed_tables
 from dspark_hf.simulation.cost import ProfileCost
 from dspark_hf.simulation.replay import SimulatedBatchEngine
 from dspark_hf.simulation.simulate import make_policy, simulate_batch1, simulate_closed_loop, summarize_batch1
@@ -82,8 +83,7 @@ def main() -> None:
     embedded = next(iter(EMBEDDED_DRAFTERS.values())) / "dspark_sps_profile.json"  # where older validations' came from
     paths = [Path(p) if Path(p).is_file() else embedded
              for p in (validation["profile"], validation.get("load_profile", validation["profile"]))]
-    tables, load_tables = ({int(r): {int(w): float(v) for w, v in t.items()}
-                            for r, t in json.loads(path.read_text())["by_batch_size"].items()} for path in paths)
+    tables, load_tables = (load_speed_tables(path) for path in paths)
     fits = {row["concurrency"]: row["fit"] for row in validation["load"]}
     measured = {}
     for row in validation["load"]:

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from dspark_hf.models import EMBEDDED_DRAFTERS
+from dspark_hf.profiling import load_speed_tables
 from dspark_hf.simulation.cost import ProfileCost
 from dspark_hf.simulation.replay import SimulatedBatchEngine, replay_generation
 from dspark_hf.simulation.simulate import make_policy, simulate_batch1, simulate_closed_loop, summarize_batch1
@@ -278,10 +279,7 @@ def main() -> None:
                         help="the profile of the bench-load run's dtype (default: --profile)")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args()
-    tables, load_tables = (
-        {int(r): {int(w): float(v) for w, v in t.items()}
-         for r, t in json.loads(Path(path).read_text())["by_batch_size"].items()}
-        for path in (args.profile, args.load_profile or args.profile))
+    tables, load_tables = (load_speed_tables(path) for path in (args.profile, args.load_profile or args.profile))
     bench_trace, load_trace = Trace.load(args.bench_trace), Trace.load(args.load_trace)
     bench, load = json.loads(Path(args.bench_results).read_text()), json.loads(Path(args.load_results).read_text())
     batch1 = validate_batch1(bench_trace, bench, tables)

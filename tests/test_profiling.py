@@ -12,6 +12,7 @@ from conftest import make_drafter, make_target
 from dspark_hf.generation.policies import HardwareAwarePolicy
 from dspark_hf.profiling import (
     PROFILE_FILE_NAME,
+    load_speed_tables,
     load_steps_per_second,
     main,
     profile_dtype_mismatch,
@@ -110,6 +111,10 @@ def test_load_steps_per_second_by_batch_size(tmp_path):
     assert load_steps_per_second(tmp_path / "p.json", batch_size=2) == expected
     with pytest.raises(ValueError, match="no profile for batch size 1"):
         load_steps_per_second(tmp_path / "p.json")
+    assert load_speed_tables(tmp_path / "p.json") == {2: expected}  # every batch size, as the batched engine takes
+    (tmp_path / "table.json").write_text('{"1": 12.5}')
+    with pytest.raises(ValueError, match="not a `dspark-hf profile` file"):
+        load_speed_tables(tmp_path / "table.json")
 
 
 def test_bad_settings_are_refused():

@@ -360,6 +360,16 @@ def load_steps_per_second(path: str | os.PathLike, batch_size: int = 1) -> dict[
     return {int(k): float(v) for k, v in tables[str(batch_size)].items()}
 
 
+def load_speed_tables(path: str | os.PathLike) -> dict[int, dict[int, float]]:
+    """Every ``{num_tokens: steps_per_second}`` table of a `dspark-hf profile` file, by batch size (the form
+    `DSparkBatchEngine(steps_per_second_by_rows=...)` and the simulator take)."""
+    data = json.loads(_profile_path(path).read_text())
+    if not isinstance(data, dict) or "by_batch_size" not in data:
+        raise ValueError(f"{path} is not a `dspark-hf profile` file (no by_batch_size tables); profile with "
+                         f"`dspark-hf profile --batch_sizes 1 2 4 ... --output {path}`.")
+    return {int(rows): {int(k): float(v) for k, v in table.items()} for rows, table in data["by_batch_size"].items()}
+
+
 @dataclass
 class ProfileArguments:
     target: str = field(

@@ -36,7 +36,7 @@ from ..generation.policies import get_policy
 from ..modeling_dspark import DSparkDrafter
 from ..models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
 from ..models import target_dtype
-from ..profiling import profile_dtype_mismatch, steps_per_second_here
+from ..profiling import load_speed_tables, profile_dtype_mismatch, steps_per_second_here
 from .bench import machine_info, version_info
 from .exactness import conversation_divergence, summarize_divergences
 from .methods import split_lookup
@@ -262,10 +262,7 @@ def _engines(args, target, drafter, pad_token_id, eos_token_id, sps_path: Path |
 
 
 def _method_engines(args, target, drafter, pad_token_id, eos_token_id, sps_path: Path | None, wait: int):
-    by_rows = None
-    if sps_path is not None:
-        profile = json.loads(sps_path.read_text())
-        by_rows = {int(k): v for k, v in profile.get("by_batch_size", {}).items()} or None
+    by_rows = load_speed_tables(sps_path) if sps_path is not None else None
     lookup_tokens = args.prompt_lookup_num_tokens
     common = {"eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "admission_wait_rounds": wait}
     for name in args.methods.split(","):

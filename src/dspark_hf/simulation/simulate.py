@@ -27,6 +27,7 @@ from ..benchmarks.bench_load import pool_passes, run_level
 from ..benchmarks.report import geometric_mean
 from ..generation.lookup import PromptLookup
 from ..generation.policies import HardwareAwarePolicy, ThresholdPolicy, VerificationPolicy, get_policy
+from ..profiling import load_speed_tables
 from .cost import CostModel, load_cost_model
 from .replay import SimulatedBatchEngine, replay_generation, replay_prompt_lookup
 from .trace import Trace
@@ -258,8 +259,7 @@ def run_simulation(args: argparse.Namespace, argv: Sequence[str]) -> dict:
     if lookup_specs:
         width = max(width, args.prompt_lookup_num_tokens + 1)
     if args.sps:
-        tables = {int(r): {int(w): float(s) for w, s in t.items()}
-                  for r, t in json.loads(Path(args.sps).read_text())["by_batch_size"].items()}
+        tables = load_speed_tables(args.sps)
     else:
         tables = cost_speed_tables(cost, sorted({1, *[lv for lv in levels if lv]}), width)
     policies = {spec: make_policy(spec, tables[min(tables)], args.threshold) for spec in specs}
