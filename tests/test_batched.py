@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import left_pad, make_drafter, make_target, solo
+from dspark_hf.generation import batched
 from dspark_hf.generation.batched import DSparkBatchEngine
 
 
@@ -113,6 +114,24 @@ def test_a_drafter_that_sat_out_plain_rounds_drafts_as_if_it_had_seen_them():
         assert [r.draft_ids for r in request.stats.rounds] == [r.draft_ids for r in expected.stats.rounds]
         assert any(r.draft_ids for r in request.stats.rounds)
         assert request.output_ids == solo(target, request.prompt_ids, request.max_new_tokens, eos_token_id=None)
+
+
+def test_pending_drafter_context_is_bounded():
+    """A drafter that never drafts (plain decoding all along) still ingests its context every `MAX_PENDING_SLOTS`
+    slots, so the features kept for it stay bounded."""
+    target = make_target("llama", seed=5)
+    engine = DSparkBatchEngine(target, make_drafter(target, block_size=3), policy="full", pad_token_id=0)
+    begin = engine.policy.begin_round
+    engine.policy.begin_round = lambda *args: begin(*args) and False
+    request = engine.add_request([5, 6, 7], batched.MAX_PENDING_SLOTS * 2 + 10)
+    most = 0
+    while not request.finished:
+        engine.step()
+        most = max(most, sum(part.shape[1] for part, _ in engine._pending_context))
+    assert most == batched.MAX_PENDING_SLOTS - 1
+    pending = sum(part.shape[1] for part, _ in engine._pending_context)
+    assert engine.draft_cache.get_seq_length() + pending == engine.cache.get_seq_length()  # level once synced
+    assert request.output_ids == solo(target, [5, 6, 7], request.max_new_tokens, eos_token_id=None)
 
 
 @settings(max_examples=15, deadline=None)

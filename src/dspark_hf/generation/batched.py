@@ -35,6 +35,7 @@ from ..scheduling import plan_verification_width
 
 
 COMPACT_MIN_SLOTS = 8  # never compact the caches for fewer reclaimable slots than this
+MAX_PENDING_SLOTS = 64  # the drafter ingests pending context at the latest after this many slots (bounded memory)
 TIMINGS_KEPT = 1 << 16  # timings of the latest rounds an engine keeps (`DSparkBatchEngine.step_timings`, ...)
 
 
@@ -240,7 +241,8 @@ class DSparkBatchEngine:
         Rounds append their features to `_pending_context` instead of ingesting them at once: under load the
         hardware-aware policy decodes plainly for long stretches, and ingesting one slot per row every round cost
         ~2.5% of a plain step at 32 rows. The drafter's cache is brought level with the target's slot axis before it
-        drafts and before any operation on both caches' slots (admission, row removal, compaction)."""
+        drafts and before any operation on both caches' slots (admission, row removal, compaction), and at the latest
+        once `MAX_PENDING_SLOTS` slots wait (their features are kept meanwhile)."""
         if not self._pending_context:
             return
         features, positions = (torch.cat(parts, dim=1) for parts in zip(*self._pending_context))
@@ -499,6 +501,8 @@ class DSparkBatchEngine:
         self.slot_mask = torch.cat([self.slot_mask, kept_mask], dim=1)
         if self.drafter is not None:
             self._pending_context.append((features[:, :keep], positions[:, :keep]))
+            if sum(part.shape[1] for part, _ in self._pending_context) >= MAX_PENDING_SLOTS:
+                self._sync_context()
         self.next_position = self.next_position + 1 + counts
         # Rejected drafts leave holes; every later step appends to (copies) and attends over the whole slot axis, so
         # squeeze them out once they are an eighth of it.
