@@ -8,7 +8,7 @@ runs the command's own `main` unchanged and writes to RECORD_DIR:
 - `batches-rank{R}.jsonl`: the `prompt_index` of every example each batch of this rank held, in order;
 - `saves-rank{R}.jsonl`: every folder this rank wrote a drafter to (`save_pretrained`);
 - `weights-rank{R}.safetensors`: this rank's drafter weights after training;
-- `teardown-rank{R}.jsonl`: at `destroy_process_group`, whether the DDP wrapper was still alive (it must not be: its
+- `teardown-rank{R}.jsonl`: at `destroy_process_group`, whether a DDP wrapper was still alive (none may be: its
   `Reducer` freeing the gloo group can deadlock the rank at exit).
 
 With `DSPARK_TEST_INTERRUPT_AT=N` every rank raises after step N, as a run killed there would stop.
@@ -23,6 +23,7 @@ import weakref
 
 import torch.distributed
 from safetensors.torch import save_file
+from torch.nn.parallel import DistributedDataParallel
 from transformers import TrainerCallback
 
 from dspark_hf import DSparkDrafter
@@ -67,16 +68,20 @@ def _record(record_dir: str) -> None:
             trainer.add_callback(Interrupt(int(os.environ["DSPARK_TEST_INTERRUPT_AT"])))
         return trainer
 
-    wrapper = []
+    wrappers = []
     destroy = torch.distributed.destroy_process_group
+    wrap = DistributedDataParallel.__init__
+
+    def recording_wrap(self, *args, **kwargs):
+        wrappers.append(weakref.ref(self))
+        return wrap(self, *args, **kwargs)
 
     def recording_destroy(*args, **kwargs):
-        _append(record_dir, "teardown", {"wrapper_alive": any(ref() is not None for ref in wrapper)})
+        _append(record_dir, "teardown", {"wrappers": len(wrappers),
+                                         "alive": sum(ref() is not None for ref in wrappers)})
         return destroy(*args, **kwargs)
 
     def recording_save_final(trainer, *args, **kwargs):
-        if trainer.model_wrapped is not trainer.model:
-            wrapper.append(weakref.ref(trainer.model_wrapped))
         model = trainer.accelerator.unwrap_model(trainer.model)
         weights = {name: tensor.detach().contiguous() for name, tensor in model.state_dict().items()}
         save_file(weights, os.path.join(record_dir, f"weights-rank{RANK}.safetensors"))
@@ -87,6 +92,7 @@ def _record(record_dir: str) -> None:
     train.build_trainer = interruptible_build_trainer
     train.save_final = recording_save_final
     torch.distributed.destroy_process_group = recording_destroy
+    DistributedDataParallel.__init__ = recording_wrap
 
 
 if __name__ == "__main__":

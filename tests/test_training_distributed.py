@@ -122,7 +122,7 @@ def test_each_rank_trains_on_its_own_shard_and_the_ranks_stay_identical(two_proc
     assert batches[0][:STEPS_PER_EPOCH] != batches[0][STEPS_PER_EPOCH:]  # each epoch reshuffles
 
     for rank in (0, 1):  # the DDP wrapper was freed while the group was registered, so no rank can hang at exit
-        assert read_jsonl(records / f"teardown-rank{rank}.jsonl") == [{"wrapper_alive": False}]
+        assert read_jsonl(records / f"teardown-rank{rank}.jsonl") == [{"wrappers": 1, "alive": 0}]
 
     weights = [load_file(records / f"weights-rank{rank}.safetensors") for rank in (0, 1)]
     # every rank applies the same all-reduced gradient to the same weights: identical bit for bit
@@ -170,6 +170,8 @@ def test_accelerate_launch_run_interrupted_after_a_checkpoint_resumes_to_the_sam
     argv = train_argv(workspace, output_dir, "--per_device_train_batch_size", "2")
     interrupted = accelerate_launch(records, argv, DSPARK_TEST_INTERRUPT_AT="5")
     assert interrupted.returncode != 0 and "simulated interruption after step 5" in interrupted.stderr
+    for rank in (0, 1):  # a run that raised tears down in the same order as one that finished
+        assert read_jsonl(records / f"teardown-rank{rank}.jsonl") == [{"wrappers": 1, "alive": 0}]
     assert sorted(p.name for p in output_dir.glob("checkpoint-*")) == ["checkpoint-3"]
     checkpoint = load_file(output_dir / "checkpoint-3" / "model.safetensors")
     expected = load_file(uninterrupted_dir / "checkpoint-3" / "model.safetensors")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import sys
+import traceback
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -572,8 +573,15 @@ def main(argv: list[str] | None = None) -> int:
         trainer = build_trainer(model_args, data_args, lora_args, training_args)
     except (FileNotFoundError, ValueError) as error:
         exit_with_error(parser, error)
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
-    saved = save_final(trainer, model_args, lora_args)
+    try:
+        trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+        saved = save_final(trainer, model_args, lora_args)
+    except BaseException as error:
+        # Also when training raised: left to the interpreter's exit, the DDP wrapper (held by the traceback's frames)
+        # would free the process group in the order that can hang. The traceback keeps its lines, not its locals.
+        traceback.clear_frames(error.__traceback__)
+        end_distributed(trainer)
+        raise
     if trainer.is_world_process_zero():
         print(f"Saved: {', '.join(saved)}")
     end_distributed(trainer)
