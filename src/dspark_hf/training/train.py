@@ -594,9 +594,9 @@ def end_distributed(trainer: Trainer) -> None:
     A gloo group left to exit handlers can abort a rank ("terminate called without an active exception") after all
     its work is done, so the group is destroyed here. But the group must not be freed by the DDP wrapper's `Reducer`
     either: its binding keeps the GIL while the group's destructor joins the gloo worker threads, and a worker still
-    releasing a finished collective's tensors needs the GIL, a deadlock (a resumed two-process run hung in 1 of 1 tries
-    with torch 2.13). So the wrapper goes first, while the group is still registered, and `destroy_process_group`,
-    whose binding releases the GIL, frees the group last.
+    releasing a finished collective's tensors needs the GIL, a deadlock (torch 2.13: the two-process tests hung in 2 of
+    9 runs of their module before this order, 0 of 20 after). So the wrapper goes first, while the group is still
+    registered, and `destroy_process_group`, whose binding releases the GIL, frees the group last.
     """
     trainer.model_wrapped = trainer.model = trainer.accelerator.unwrap_model(trainer.model)
     trainer.accelerator.free_memory()  # accelerate's own references to the wrapper
