@@ -71,9 +71,9 @@ def _parse_args(argv) -> argparse.Namespace:
                         "the drafter folder's if measured on this kind of machine in this dtype at these levels, else "
                         "one measured here once and cached)")
     parser.add_argument("--admission_wait_rounds", default="0",
-                        help="rounds a new request may wait while others decode, so that requests arriving in successive "
-                        "rounds share one prefill; the same for every method; comma-separated values run every method "
-                        "at each, as 'METHOD wait=N' rows (default: %(default)s)")
+                        help="rounds a new request may wait while others decode, so that requests arriving in "
+                        "successive rounds share one prefill; the same for every method; comma-separated values run "
+                        "every method at each, as 'METHOD wait=N' rows (default: %(default)s)")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2,

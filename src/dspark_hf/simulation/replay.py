@@ -198,8 +198,8 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         block_size (`int`): the drafter's block size.
         policy (`str` or [`VerificationPolicy`], *optional*): `None` simulates target-only batched decoding.
         eos_token_ids (`Sequence[int]`), steps_per_second_by_rows, prompt_lookup_num_tokens,
-            max_matching_ngram_size, admission_wait_rounds: as for the engine (lookup drafts are checked against the trace's output; with
-            `policy=None` and lookup, batched prompt lookup decoding without a drafter).
+            max_matching_ngram_size, admission_wait_rounds: as for the engine (lookup drafts are checked against the
+            trace's output; with `policy=None` and lookup, batched prompt lookup decoding without a drafter).
     """
 
     def __init__(self, sequences: Sequence[TraceSequence], cost: CostModel, block_size: int,
@@ -268,12 +268,13 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         committed = [len(r.output_ids) for r in self.active]
         # a finished request's row kept for a waiting one is drafted along but never seen: zeros, as the policy sees it
         kept = [r.finished for r in self.active]
+        rows_at_anchor = list(zip(at_anchor, committed, kept))
         confidences, schedule = _choose(
-            self.policy, [[0.0] * block_size if k else s.confidences[c - 1] for s, c, k in zip(at_anchor, committed, kept)],
-            budgets, block_size)
+            self.policy, [[0.0] * block_size if k else s.confidences[c - 1] for s, c, k in rows_at_anchor], budgets,
+            block_size)
         slots = schedule.num_sampled
         self.clock.advance(self.cost.drafting_seconds(rows, slots))
-        ids = torch.tensor([[0] * slots if k else s.draft_ids[c - 1][:slots] for s, c, k in zip(at_anchor, committed, kept)],
+        ids = torch.tensor([[0] * slots if k else s.draft_ids[c - 1][:slots] for s, c, k in rows_at_anchor],
                            dtype=torch.long)
         return DraftedBlock(ids.view(rows, slots), torch.zeros(rows, slots, 0), confidences, [[] for _ in range(rows)],
                             schedule.lengths, schedule.observed(confidences))  # fmt: skip
