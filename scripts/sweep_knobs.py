@@ -9,6 +9,9 @@ in seconds as the fitted cost model.
     python scripts/sweep_knobs.py --load_trace more.trace.json.gz --output_dir benchmarks/results/sim-knobs-more
     # another validation (its load trace, fitted costs and profile; batch 1 as validated there)
     python scripts/sweep_knobs.py --validation benchmarks/results/sim-validation-stage7-bf16 --output_dir ...
+
+Under load also the engine's `admission_wait_rounds` (target-only and hardware-aware at 1, 2 and 4), where a
+prefill costs one forward of its rows (the profile's) plus the measured seconds per prompt token.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ VARIANTS = {"defaults": {}, "plan_smoothing=0": {"plan_smoothing": 0.0},
             "max_idle_rounds=256": {"max_idle_rounds": 256}, "engine_min_gain=0.05": {"engine_min_gain": 0.05},
             "engine_min_gain=0.1": {"engine_min_gain": 0.1}, "engine_min_gain=0.2": {"engine_min_gain": 0.2}}
 REFERENCES = ["target", "fixed:1", "fixed:2", "threshold"]
+# the engine's knob, under load only: (method, admission_wait_rounds)
+WAITS = {f"{method} admission_wait_rounds={n}": (method, n)
+         for method in ("target", "hardware_aware") for n in (1, 2, 4)}
 
 
 def _policy(name: str, tables: dict):
@@ -55,15 +61,17 @@ def load_rows(trace: Trace, tables: dict, fits: dict, levels: list[int], measure
     hardware-aware's)."""
     rows = []
     for level in levels:
-        for name in [*REFERENCES, *VARIANTS]:
+        for name in [*REFERENCES, *VARIANTS, *WAITS]:
+            method, wait = WAITS.get(name, (name, 0))
             own = (measured or {}).get(level, {})
-            own = own.get("target" if name == "target" else "hardware_aware")
+            own = own.get("target" if method == "target" else "hardware_aware")
             cost = ProfileCost(tables=tables, **fits[level]) if own is None else ProfileCost(
                 tables={**tables, level: {int(w): 1.0 / s for w, s in own["step_seconds"].items()}},
                 draft_seconds=own["draft_seconds"], prefill_seconds_per_token=own["prefill_seconds_per_token"])
-            policy = _policy(name, tables)
-            make_engine = lambda p=policy: SimulatedBatchEngine(  # noqa: E731
-                trace.sequences, cost, trace.block_size, p, trace.eos_token_ids, steps_per_second_by_rows=tables)
+            policy = _policy(method, tables)
+            make_engine = lambda p=policy, w=wait: SimulatedBatchEngine(  # noqa: E731
+                trace.sequences, cost, trace.block_size, p, trace.eos_token_ids, steps_per_second_by_rows=tables,
+                admission_wait_rounds=w)
             row = simulate_closed_loop(trace, make_engine, [level], 48, repeats=3)[0]
             rows.append({"method": name, **row})
     return rows
@@ -109,7 +117,7 @@ def main() -> None:
               f"{cost_note})", "",
               "| variant | " + " | ".join(map(str, levels)) + " |", "|---|" + "---:|" * len(levels)]
     target = {r["concurrency"]: r["full_load_throughput_tok_s"] for r in load if r["method"] == "target"}
-    for name in [*REFERENCES, *VARIANTS]:
+    for name in [*REFERENCES, *VARIANTS, *WAITS]:
         values = {r["concurrency"]: r["full_load_throughput_tok_s"] / target[r["concurrency"]]
                   for r in load if r["method"] == name}
         lines.append(f"| {name} | " + " | ".join(f"{values[level]:.3f}x" for level in levels) + " |")
