@@ -418,6 +418,26 @@ def test_held_back_arrivals_are_admitted_together_and_stay_identical(with_drafte
         assert request.output_ids == solo(target, request.prompt_ids, request.max_new_tokens, eos_token_id=None)
 
 
+@pytest.mark.parametrize("lookup", [None, 4])
+def test_held_back_arrivals_with_sampling_and_lookup(lookup):
+    """Kept rows in sampling rounds (their drafts sampled along, never verified) and with prompt lookup: every request
+    still gets exactly its budget (no EOS), in a closed loop that keeps arrivals waiting."""
+    torch.manual_seed(0)
+    target = make_target("llama", seed=13)
+    engine = DSparkBatchEngine(target, make_drafter(target, block_size=3), policy="full", do_sample=True,
+                               pad_token_id=0, admission_wait_rounds=2, prompt_lookup_num_tokens=lookup)
+    budgets = [3, 9, 4, 7, 5, 6, 8, 2]
+    requests = [engine.add_request([5, 6, 7, 5, 6], n) for n in budgets[:3]]
+    held = 0
+    while engine.active or engine.waiting:
+        held += bool(engine.waiting) and not engine._admission_due()  # this step keeps rows for waiting requests
+        for _ in engine.step():
+            if len(requests) < len(budgets):
+                requests.append(engine.add_request([8, 9, 8, 9], budgets[len(requests)]))
+    assert held > 0
+    assert [len(r.output_ids) for r in requests] == budgets
+
+
 def test_admission_wait_never_holds_a_request_while_nothing_decodes():
     target = make_target("llama", seed=12)
     engine = DSparkBatchEngine(target, None, pad_token_id=0, admission_wait_rounds=5)
