@@ -193,7 +193,7 @@ def validate_load(trace: Trace, results: dict, tables: dict, batch1_fit: dict) -
         fit = calibrate_level(trace, tables, level, measured, max_new, repeats)
         calibrated = ProfileCost(tables=tables, **fit)
         for method in methods:
-            own = measured_cost([measured_rows[(level, m)] for m in methods], tables, level, measured[method])
+            own = measured_cost(list(measured.values()), tables, level, measured[method])
             ours = _simulate_level(trace, tables, method, level, calibrated, max_new, repeats, lookup_tokens)
             raw = _simulate_level(trace, tables, method, level, uncalibrated, max_new, repeats, lookup_tokens)
             timed = None if own is None else _simulate_level(trace, tables, method, level, own, max_new, repeats,

@@ -86,8 +86,8 @@ def _parse_args(argv) -> argparse.Namespace:
     try:
         args.admission_waits = [int(part) for part in args.admission_wait_rounds.split(",")]
     except ValueError:
-        args.admission_waits = [-1]
-    if min(args.admission_waits) < 0:
+        args.admission_waits = None
+    if args.admission_waits is None or min(args.admission_waits) < 0:
         parser.error(f"--admission_wait_rounds takes comma-separated integers >= 0 (0 admits at every step), got "
                      f"{args.admission_wait_rounds!r}")
     if not 0.0 <= args.random_range_ratio < 1.0:
