@@ -26,6 +26,10 @@ from dspark_hf.simulation.trace import Trace
 LEVELS = [1, 2, 4, 8, 16, 32, 64]
 POLICIES = ["target", "full", "fixed:1", "fixed:3", "threshold", "hardware_aware"]  # the engine plans every
 # hardware-aware policy by width (its `mode` only matters at batch 1), so algorithm1 is not a separate row here
+# Prompt lookup (inside DSpark rounds, and alone) for the embedded drafter's traces only: real text repeats itself,
+# the synthetic drafter's ids do not.
+LOOKUP_POLICIES = ["hardware_aware+lookup", "prompt_lookup"]
+LOOKUP_TOKENS = 10  # as `dspark-hf simulate` and `bench-load`
 GPU_COST = KneeCost(
     forward_seconds=0.006, knee_tokens=224, row_seconds=0.00004, draft_seconds=0.001, draft_seconds_per_row=0.00001,
     draft_seconds_per_slot=0.0001, prefill_seconds_per_token=0.00003,
@@ -34,13 +38,15 @@ GPU_COST = KneeCost(
     "not measured)")
 
 
-def project(trace: Trace, cost: KneeCost, max_new_tokens: int) -> list[dict]:
-    tables = cost_speed_tables(cost, sorted({1, *LEVELS}), trace.block_size + 1)
+def project(trace: Trace, cost: KneeCost, max_new_tokens: int, policies: list[str]) -> list[dict]:
+    lookup = [spec for spec in policies if spec in LOOKUP_POLICIES]
+    tables = cost_speed_tables(cost, sorted({1, *LEVELS}), max(trace.block_size, LOOKUP_TOKENS if lookup else 0) + 1)
     rows = []
-    for spec in POLICIES:
+    for spec in policies:
         policy = make_policy(spec, tables[1])
-        make_engine = lambda p=policy: SimulatedBatchEngine(  # noqa: E731
-            trace.sequences, cost, trace.block_size, p, trace.eos_token_ids, steps_per_second_by_rows=tables)
+        make_engine = lambda p=policy, t=LOOKUP_TOKENS if spec in lookup else None: SimulatedBatchEngine(  # noqa: E731
+            trace.sequences, cost, trace.block_size, p, trace.eos_token_ids, steps_per_second_by_rows=tables,
+            prompt_lookup_num_tokens=t)
         rows += [{"method": spec, **row} for row in simulate_closed_loop(trace, make_engine, LEVELS, max_new_tokens)]
     by_key = {(r["concurrency"], r["method"]): r for r in rows}
     for row in rows:
@@ -71,9 +77,9 @@ def main() -> None:
     embedded = Trace.load(args.trace)
     synthetic = synthetic_trace(64, args.max_new_tokens, embedded.block_size, mean_acceptance=0.88)
     sets = {
-        "embedded drafter (SmolLM2 traces)": (embedded, embedded.metadata.get("command")),
-        "SYNTHETIC drafter at the paper's acceptance level (0.88 per token)": (synthetic,
-                                                                               synthetic.metadata["command"]),
+        "embedded drafter (SmolLM2 traces)": (embedded, embedded.metadata.get("command"), POLICIES + LOOKUP_POLICIES),
+        "SYNTHETIC drafter at the paper's acceptance level (0.88 per token)": (synthetic, synthetic.metadata["command"],
+                                                                               POLICIES),
     }
     output = Path(args.output_dir)
     output.mkdir(parents=True, exist_ok=True)
@@ -82,8 +88,8 @@ def main() -> None:
              f"Cost model: {GPU_COST.source}. Closed loop as `bench-load` (2 x c requests per level, >= 8), greedy, "
              f"{args.max_new_tokens} new tokens; the hardware-aware policy plans with the cost curve as its profile.",
              ""]
-    for index, (name, (trace, command)) in enumerate(sets.items()):
-        rows = project(trace, GPU_COST, args.max_new_tokens)
+    for index, (name, (trace, command, policies)) in enumerate(sets.items()):
+        rows = project(trace, GPU_COST, args.max_new_tokens, policies)
         document["sets"][name] = {"trace": command, "rows": rows}
         lines += markdown(name, f"Trace: `{command}`.", rows) + [""]
         _plot(rows, output / f"projection_{index}.png")
