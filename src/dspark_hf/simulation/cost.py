@@ -34,7 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..profiling import PROFILE_FORMAT, _profile_path
+from ..profiling import PROFILE_FORMAT, _profile_path, load_speed_tables
 
 
 COST_FORMAT = "dspark-hf-cost-model"
@@ -163,6 +163,5 @@ def load_cost_model(path: str | Path, **overrides) -> CostModel:
     if kind == "profile":
         profile_path = Path(verify.pop("path"))
         profile_path = profile_path if profile_path.is_absolute() else path.parent / profile_path
-        tables = json.loads(profile_path.read_text())["by_batch_size"]
-        return ProfileCost(**common, tables=tables, **verify)
+        return ProfileCost(**common, tables=load_speed_tables(profile_path), **verify)
     raise ValueError(f"{path}: verify.kind must be 'knee' or 'profile', got {kind!r}.")
