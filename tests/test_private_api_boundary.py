@@ -46,7 +46,10 @@ def transformers_private_names() -> set[str]:
             if _is_private(name):
                 names.add(name)
             if inspect.isclass(value) and value.__module__ == module.__name__:
-                names.update(attribute for attribute in dir(value) if _is_private(attribute))
+                # What transformers' classes define, not what they inherit from torch (`nn.Module._version`, ...).
+                for klass in inspect.getmro(value):
+                    if klass.__module__.split(".")[0] == "transformers":
+                        names.update(attribute for attribute in vars(klass) if _is_private(attribute))
     return names
 
 
@@ -74,8 +77,8 @@ def private_uses(path: Path, private_names: set[str]) -> list[str]:
 def test_private_names_are_found():
     names = transformers_private_names()
     assert {"_speculative_sampling", "_assisted_decoding", "_get_candidate_generator", "_eos_token_tensor"} <= names
-    # the model-authoring API is not counted
-    assert not {"_attn_implementation", "_init_weights", "_name_or_path"} & names
+    # the model-authoring API is not counted, nor what transformers' modules inherit from torch
+    assert not {"_attn_implementation", "_init_weights", "_name_or_path", "_version", "_parameters"} & names
 
 
 def test_the_scan_flags_imports_and_attributes_not_our_own_privates(tmp_path):

@@ -76,6 +76,46 @@ def test_reduced_drafter_in_a_batch_matches_solo_generation():
         assert batch[row, width:].tolist() == solo[0, len(prompt):].tolist()
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_sampling_over_the_draft_vocabulary_matches_the_target_vocabulary(do_sample):
+    """Without processors the drafts are sampled over the reduced vocabulary (`sample_drafts`' fast path): the same
+    drafts, and `logits` expands to the target-vocabulary logits the slow path samples from."""
+    from dspark_hf.generation.drafting import sample_drafts
+
+    _, _, drafter, kept = _reduced_pair(3, markov_rank=8)
+    hidden = torch.randn(3, drafter.config.block_size, drafter.config.hidden_size)
+    anchors, budgets = torch.tensor(kept[:3]), [drafter.config.block_size] * 3
+    torch.manual_seed(0)
+    fast = sample_drafts(drafter, hidden, drafter.draft_logits(hidden), anchors, budgets, do_sample=do_sample)
+    torch.manual_seed(0)
+    slow = sample_drafts(drafter, hidden, drafter.draft_logits(hidden), anchors, budgets, do_sample=do_sample,
+                         process=lambda drafts, logits: logits)  # fmt: skip
+    assert fast.scores.shape[-1] == len(kept) and slow.scores.shape[-1] == drafter.config.vocab_size
+    assert set(fast.ids.flatten().tolist()) <= set(kept)
+    if do_sample:  # one seed draws differently over 8 and 16 cells; the first slot's distribution is the same
+        torch.testing.assert_close(fast.logits[:, 0], slow.logits[:, 0])
+    else:
+        assert fast.ids.tolist() == slow.ids.tolist()
+        torch.testing.assert_close(fast.logits, slow.logits)
+
+
+def test_markov_transition_follows_weight_changes():
+    """Drafting multiplies by a float32 copy of W2 (`DSparkMarkovHead._transition`): it must follow in-place updates
+    (optimizer steps) and replaced weights, and autograd must see the layer itself."""
+    target = make_target("llama")
+    head = make_drafter(target, markov_rank=8).markov_head
+    embedding = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(head._transition(embedding), head.markov_w2(embedding))
+        head.markov_w2.weight.add_(1.0)
+        torch.testing.assert_close(head._transition(embedding), head.markov_w2(embedding))
+        head.markov_w2.weight = torch.nn.Parameter(torch.randn_like(head.markov_w2.weight))
+        torch.testing.assert_close(head._transition(embedding), head.markov_w2(embedding))
+    head._transition(embedding).sum().backward()
+    assert head.markov_w2.weight.grad is not None
+
+
 @pytest.mark.parametrize("compact", [False, True])
 def test_save_and_load_keep_the_reduced_vocabulary(tmp_path, compact):
     target, _, drafter, kept = _reduced_pair(markov_rank=8)

@@ -149,6 +149,7 @@ class DSparkMarkovHead(nn.Module):
             self.gate_proj = nn.Linear(hidden + rank, rank)
         elif self.head_type == "rnn":
             self.joint_proj = nn.Linear(2 * rank + hidden, 3 * rank)
+        self._w2_rows_major, self._w2_version = None, None  # the CPU inference copy of W2 (`_transition`)
 
     def forward(
         self, previous_ids: torch.LongTensor, hidden_states: torch.Tensor, state: torch.Tensor | None = None
@@ -165,16 +166,31 @@ class DSparkMarkovHead(nn.Module):
         """
         embedding = self.markov_w1(previous_ids).to(hidden_states.dtype)
         if self.head_type == "vanilla":
-            return self.markov_w2(embedding), None
+            return self._transition(embedding), None
         if self.head_type == "gated":
             gate = torch.sigmoid(self.gate_proj(torch.cat([hidden_states, embedding], dim=-1)))
-            return self.markov_w2(gate * embedding), None
+            return self._transition(gate * embedding), None
         if state is None:
             state = torch.zeros_like(embedding)
         gate, candidate, out = self.joint_proj(torch.cat([state, embedding, hidden_states], dim=-1)).chunk(3, dim=-1)
         gate = torch.sigmoid(gate)
         state = gate * state + (1 - gate) * torch.tanh(candidate)
-        return self.markov_w2(torch.tanh(out)), state
+        return self._transition(torch.tanh(out)), state
+
+    def _transition(self, embedding: torch.Tensor) -> torch.Tensor:
+        """``W2 · e``. Drafting on a CPU (no autograd) multiplies by a float32 copy of W2 stored rank-major: there a
+        bf16 matrix-vector product with rank-long rows is the slowest step of sampling a slot (~130 us for the
+        embedded drafter's 8,192 x 64 W2 on a 2-core Xeon, ~23 us this way; `scripts/profile_drafting.py`). The copy
+        is rebuilt whenever the weight changes in place (optimizer steps) or is replaced; wrapped layers (PEFT
+        adapters) run as they are."""
+        linear = self.markov_w2
+        if torch.is_grad_enabled() or type(linear) is not nn.Linear or linear.weight.device.type != "cpu":
+            return linear(embedding)
+        weight = linear.weight
+        version = (weight.data_ptr(), weight._version, weight.dtype)
+        if self._w2_version != version:
+            self._w2_rows_major, self._w2_version = weight.detach().float().t().contiguous(), version
+        return embedding.float() @ self._w2_rows_major
 
     def teacher_forced(self, previous_ids: torch.LongTensor, hidden_states: torch.Tensor) -> torch.Tensor:
         """Biases for whole blocks at once, given the true previous tokens (training).
@@ -603,9 +619,10 @@ class DSparkDrafter(DSparkPreTrainedModel):
 
     def corrected_logits(
         self, draft_logits: torch.Tensor, previous_ids: torch.LongTensor, hidden_states: torch.Tensor,
-        state: torch.Tensor | None = None,
+        state: torch.Tensor | None = None, target_vocabulary: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One slot's Markov-corrected logits ``U_k + bias(x_{k-1})`` over the target vocabulary, in float32.
+        """One slot's Markov-corrected logits ``U_k + bias(x_{k-1})`` over the target vocabulary (or, with
+        `target_vocabulary=False`, over the draft vocabulary), in float32.
 
         Args:
             draft_logits (`torch.Tensor` of shape `(*batch, draft_vocab)`): the slot's [`DSparkDrafter.draft_logits`].
@@ -620,7 +637,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         if self.markov_head is not None:
             bias, state = self.markov_head(previous_ids, hidden_states, state)
             logits = logits + bias.float()
-        return self.to_target_vocabulary(logits), state
+        return (self.to_target_vocabulary(logits) if target_vocabulary else logits), state
 
     def extend_context(
         self,

@@ -7,8 +7,9 @@ Each round (docs/design.md, "Forward pass"):
 3. sample drafts left to right with the Markov bias, asking the verification policy before each slot (the shared
    `drafting.sample_drafts`, which the batched engine and the custom_generate recipe run too), and tell the policy
    the round's outcome once transformers has verified it (`VerificationPolicy.end_round`);
-4. return the drafts and their Markov-corrected, processor-applied logits, so that transformers' own speculative
-   sampling (or greedy matching) verifies exactly the distribution the drafts were drawn from.
+4. return the drafts and, when sampling, their Markov-corrected, processor-applied logits, so that transformers' own
+   speculative sampling verifies exactly the distribution the drafts were drawn from (greedy matching needs the
+   drafts alone).
 
 A policy may skip the drafter for a round (`VerificationPolicy.begin_round`): the target then decodes one token and
 the new target features wait in a buffer until the next drafted round appends them to the drafter's context. With
@@ -76,6 +77,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.model_kwargs_overrides = {"output_hidden_states": [i + 1 for i in self.config.target_layer_ids]}
         self.max_length = generation_config.max_length
         self.do_sample = generation_config.do_sample
+        # transformers reads the drafts' logits in speculative sampling and, in greedy decoding, only to mix them in
+        # (`assistant_ensemble_weight`, transformers >= 5.25); otherwise building them would be wasted.
+        self.returns_logits = self.do_sample or getattr(generation_config, "assistant_ensemble_weight", None) is not None
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
         self.cache = DynamicCache(config=self.config)
         self.context_length = 0  # target positions whose context K/V are in `self.cache`
@@ -132,7 +136,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if not length:
             return input_ids, None
         candidates = block.ids[:, :length].to(device=input_ids.device, dtype=input_ids.dtype)
-        return torch.cat([input_ids, candidates], dim=-1), block.logits[:, :length]
+        return torch.cat([input_ids, candidates], dim=-1), block.logits[:, :length] if self.returns_logits else None
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         if self._pending_round is not None:
@@ -177,7 +181,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
         num_slots = self.policy.num_slots(self.config.block_size, [max_drafts])
         return sample_drafts(self.drafter, hidden_states, self.drafter.draft_logits(hidden_states), input_ids[:, -1],
-                             [max_drafts], self.policy, num_slots=num_slots, process=process,
+                             [max_drafts], self.policy, num_slots=num_slots,
+                             process=process if len(self.logits_processor) else None,
                              do_sample=self.do_sample)  # fmt: skip
 
     def _run_drafter(self, input_ids: torch.LongTensor, model_outputs: Any) -> torch.Tensor:

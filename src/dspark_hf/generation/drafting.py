@@ -18,7 +18,7 @@ dspark-hf).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -28,24 +28,41 @@ class DraftedBlock:
     """One round's drafts for `rows` rows.
 
     Attributes:
-        ids (`torch.LongTensor` of shape `(rows, slots)`): the sampled drafts. A row verifies its first `lengths[row]`;
-            the slots after them were sampled only to compute confidences a policy observes.
-        logits (`torch.Tensor` of shape `(rows, slots, vocab)`): the processed, Markov-corrected logits each draft was
-            sampled from (speculative sampling must compare the target against exactly these).
+        ids (`torch.LongTensor` of shape `(rows, slots)`): the sampled drafts (target ids). A row verifies its first
+            `lengths[row]`; the slots after them were sampled only to compute confidences a policy observes.
+        scores (`torch.Tensor` of shape `(rows, slots, sampled_vocab)`): the processed, Markov-corrected logits each
+            draft was sampled from, over the vocabulary it was sampled in (the draft vocabulary when `expand` is set).
         confidences (`list[list[float]]`): calibrated c_1, c_2, ... per row, as many as were computed (empty lists
             without a confidence head).
         confidence_logits (`list[list[float]]`): the raw logits behind `confidences`.
         lengths (`list[int]`): drafts each row verifies.
         observed (`bool`): the policy judged the computed confidences complete for what it learns from the round
             (its `settled`).
+        expand (`Callable`, *optional*): maps `scores` to the target vocabulary (-inf elsewhere); `None` when they are
+            over it already.
     """
 
     ids: torch.LongTensor
-    logits: torch.Tensor
+    scores: torch.Tensor
     confidences: list[list[float]]
     confidence_logits: list[list[float]]
     lengths: list[int]
     observed: bool = False
+    expand: Callable[[torch.Tensor], torch.Tensor] | None = None
+    _logits: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """`(rows, slots, vocab)`: `scores` over the target vocabulary, what speculative sampling compares the target
+        against. Built on first use only: greedy verification never reads it, and with many rows the target-sized
+        copy costs more than sampling the drafts did."""
+        if self._logits is None:
+            self._logits = self.scores if self.expand is None else self.expand(self.scores)
+        return self._logits
+
+    @logits.setter
+    def logits(self, logits: torch.Tensor) -> None:
+        self._logits = logits
 
 
 class SlotSchedule:
@@ -139,6 +156,11 @@ def sample_drafts(
     Before slot `k` is sampled, every row's confidence c_{k+1} (which reads x_{k-1} only) is computed and `policy`
     decides which rows verify the slot; when none does and the policy has observed enough, the block ends.
 
+    Without processors, a drafter with a reduced draft vocabulary (`draft_token_ids`) is sampled over that vocabulary
+    (8,192 ids rather than the target's 49,152 for the embedded default): the same drafts (its ids are sorted, so the
+    argmax breaks ties alike; outside them the logits are -inf) at a sixth of the per-slot cost, and the logits reach
+    the target vocabulary once, and only if read ([`DraftedBlock.logits`]).
+
     Args:
         drafter: a [`DSparkDrafter`] (or the recipe's standalone drafter).
         hidden_states (`torch.Tensor` of shape `(rows, block, hidden)`): the block forward's final-normed states.
@@ -159,25 +181,30 @@ def sample_drafts(
     schedule = SlotSchedule(policy, budgets)
     previous, state = anchor_ids.to(hidden_states.device), None
     confidences, raw = [[] for _ in range(rows)], [[] for _ in range(rows)]
+    vocabulary = getattr(drafter, "draft_token_ids", None) if process is None else None
+    expand, space = (None, {}) if vocabulary is None else (drafter.to_target_vocabulary, {"target_vocabulary": False})
     tokens, logits = [], []
     for slot in range(block_size if num_slots is None else min(num_slots, block_size)):
         _add_confidences(drafter, hidden_states[:, slot], previous, slot, confidences, raw)
         if not schedule.admit(slot, confidences):
             break
-        corrected, state = drafter.corrected_logits(draft_logits[:, slot], previous, hidden_states[:, slot], state)
+        corrected, state = drafter.corrected_logits(draft_logits[:, slot], previous, hidden_states[:, slot], state,
+                                                    **space)  # fmt: skip
         if process is not None:
             drafted = torch.stack(tokens, dim=1) if tokens else anchor_ids.new_zeros((rows, 0))
             corrected = process(drafted, corrected)
         token = pick_tokens(corrected, do_sample)
+        if vocabulary is not None:
+            token = vocabulary[token]
         tokens.append(token)
         logits.append(corrected)
         previous = token.to(hidden_states.device)
     if not tokens:
         empty_logits = draft_logits.new_zeros((rows, 0, draft_logits.shape[-1]), dtype=torch.float32)
         return DraftedBlock(anchor_ids.new_zeros((rows, 0)), empty_logits, confidences, raw, schedule.lengths,
-                            schedule.observed(confidences))  # fmt: skip
+                            schedule.observed(confidences), expand)  # fmt: skip
     return DraftedBlock(torch.stack(tokens, dim=1), torch.stack(logits, dim=1), confidences, raw, schedule.lengths,
-                        schedule.observed(confidences))  # fmt: skip
+                        schedule.observed(confidences), expand)  # fmt: skip
 
 
 def _add_confidences(drafter, hidden_states, previous_ids, slot, confidences, raw) -> None:
