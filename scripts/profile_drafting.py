@@ -11,8 +11,8 @@ the methods involved (no change to the library), every call of:
 - `target`: the target's forward (prefill excluded);
 - `loop`: everything else inside `generate` (transformers' assisted loop, candidate handling, cache crops, stats).
 
-Medians are not used here: these are totals over whole generations, in milliseconds per round, so run it on an idle
-machine.
+The parts are totals over whole generations (after one warm-up prompt), in milliseconds per round: run it on an idle
+machine, and compare code versions by alternating runs.
 
     python scripts/profile_drafting.py --output benchmarks/results/drafting-profile/profile.json
 """
@@ -30,16 +30,14 @@ import torch
 
 from dspark_hf.benchmarks.bench import machine_info, version_info
 from dspark_hf.benchmarks.prompts import load_prompts, render_conversation
-from dspark_hf.generation import candidate_generator, drafting
+from dspark_hf.generation import candidate_generator
 from dspark_hf.modeling_dspark import DSparkDrafter
 from dspark_hf.models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target, target_dtype
-
-PARTS = ("ingest", "block", "lm_head", "sample", "target", "loop")
 
 
 class Timers:
     def __init__(self):
-        self.seconds, self.calls, self.depth = defaultdict(float), defaultdict(int), 0
+        self.seconds, self.calls = defaultdict(float), defaultdict(int)
 
     def wrap(self, owner, name: str, part: str, condition=None):
         original = getattr(owner, name)
@@ -74,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype(args.target_dtype))
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, dtype=drafter_dtype(args.drafter_dtype))
     drafter.verification_policy = args.policy
-    texts = [render_conversation(tokenizer, prompt.turns[:1], []) for prompt in load_prompts(args.prompts, limit=args.limit)]
+    selected = load_prompts(args.prompts, limit=args.limit)
+    texts = [render_conversation(tokenizer, prompt.turns[:1], []) for prompt in selected]
     # The first prompt is a warm-up, repeated so that every listed prompt is measured.
     prompts = [tokenizer(text, add_special_tokens=False).input_ids for text in [texts[0], *texts]]
 

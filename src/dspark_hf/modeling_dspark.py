@@ -179,10 +179,10 @@ class DSparkMarkovHead(nn.Module):
 
     def _transition(self, embedding: torch.Tensor) -> torch.Tensor:
         """``W2 · e``. Drafting on a CPU (no autograd) multiplies by a float32 copy of W2 stored rank-major: there a
-        bf16 matrix-vector product with rank-long rows is the slowest step of sampling a slot (~130 us for the
-        embedded drafter's 8,192 x 64 W2 on a 2-core Xeon, ~23 us this way; `scripts/profile_drafting.py`). The copy
-        is rebuilt whenever the weight changes in place (optimizer steps) or is replaced; wrapped layers (PEFT
-        adapters) run as they are."""
+        bf16 matrix-vector product with rank-long rows is the slowest step of sampling a slot (~130-170 us for the
+        embedded drafter's 8,192 x 64 W2 on a 2-core Xeon, 25-55 us this way; benchmarks/results/drafting-profile).
+        The copy is rebuilt whenever the weight changes in place (optimizer steps) or is replaced; wrapped layers
+        (PEFT adapters) run as they are."""
         linear = self.markov_w2
         if torch.is_grad_enabled() or type(linear) is not nn.Linear or linear.weight.device.type != "cpu":
             return linear(embedding)

@@ -79,7 +79,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.do_sample = generation_config.do_sample
         # transformers reads the drafts' logits in speculative sampling and, in greedy decoding, only to mix them in
         # (`assistant_ensemble_weight`, transformers >= 5.25); otherwise building them would be wasted.
-        self.returns_logits = self.do_sample or getattr(generation_config, "assistant_ensemble_weight", None) is not None
+        ensemble_weight = getattr(generation_config, "assistant_ensemble_weight", None)
+        self.returns_logits = self.do_sample or ensemble_weight is not None
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
         self.cache = DynamicCache(config=self.config)
         self.context_length = 0  # target positions whose context K/V are in `self.cache`
