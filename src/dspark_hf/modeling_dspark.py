@@ -182,9 +182,10 @@ class DSparkMarkovHead(nn.Module):
         bf16 matrix-vector product with rank-long rows is the slowest step of sampling a slot (~130-170 us for the
         embedded drafter's 8,192 x 64 W2 on a 2-core Xeon, 25-55 us this way; benchmarks/results/drafting-profile).
         The copy is rebuilt whenever the weight changes in place (optimizer steps) or is replaced; wrapped layers
-        (PEFT adapters) run as they are."""
+        (PEFT adapters) run as they are. Above 32 rows the bf16 product is about as fast, and there it stays."""
         linear = self.markov_w2
-        if torch.is_grad_enabled() or type(linear) is not nn.Linear or linear.weight.device.type != "cpu":
+        if (torch.is_grad_enabled() or type(linear) is not nn.Linear or linear.weight.device.type != "cpu"
+                or embedding.numel() > 32 * embedding.shape[-1]):
             return linear(embedding)
         weight = linear.weight
         version = (weight.data_ptr(), weight._version, weight.dtype)
