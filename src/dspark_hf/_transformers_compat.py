@@ -34,6 +34,7 @@ from transformers import AutoModel, AutoModelForCausalLM, GenerationConfig
 from transformers.utils import logging
 
 from . import registry
+from .generation.gqa import use_native_gqa
 from .generation.policies import policy_for_call
 
 
@@ -152,9 +153,15 @@ def _make_assisted_decoding(original):
     def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                            streamer=None, inputs_tensor=None, assistant_model=None, *args, **model_kwargs):
         drafter = unwrap_drafter(assistant_model)
-        if drafter is None or input_ids.shape[0] == 1:
+        if drafter is None:
             return original(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                             streamer, inputs_tensor, assistant_model, *args, **model_kwargs)
+        if input_ids.shape[0] == 1:
+            try:
+                return original(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                                streamer, inputs_tensor, assistant_model, *args, **model_kwargs)
+            finally:  # the candidate generator turns native GQA on for each verification forward (generation/gqa.py)
+                use_native_gqa(False)
         from .generation.batched import generate_batch
 
         unsupported = [type(c).__name__ for c in stopping_criteria if type(c).__name__ not in _SUPPORTED_STOPPING]

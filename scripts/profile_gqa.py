@@ -1,0 +1,120 @@
+"""Native grouped-query attention (`dspark_hf.generation.gqa`) on and off, interleaved in one process:
+
+1. one target forward of `width` new tokens per row over a 250-token left-padded cache, for each row count and width
+   (median of `--repeats` per setting, the two settings alternating), and whether the logits are bitwise equal;
+2. batch-1 `generate` with the embedded drafter (full block, 128 new tokens, 3 gsm8k + 3 humaneval prompts), tokens/s
+   with the switch on and off, alternating prompt by prompt (the outputs must be equal).
+
+    python scripts/profile_gqa.py --output benchmarks/results/gqa/gqa.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from dspark_hf.benchmarks.bench import machine_info, version_info
+from dspark_hf.benchmarks.prompts import load_prompts, render_conversation
+from dspark_hf.generation import gqa
+from dspark_hf.modeling_dspark import DSparkDrafter
+from dspark_hf.models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target, target_dtype
+
+ALWAYS_WANTED = gqa.wanted
+
+
+def switch(on: bool) -> None:
+    gqa.wanted = ALWAYS_WANTED if on else (lambda device, num_new_tokens: False)
+
+
+def forward_case(target, rows: int, width: int, repeats: int, context: int = 250) -> dict:
+    generator = torch.Generator().manual_seed(rows * 100 + width)
+    ids = torch.randint(100, 20000, (rows, context), generator=generator)
+    mask = torch.ones(rows, context, dtype=torch.long)
+    mask[1:, :10] = 0  # left padding on all rows but the first
+    cache = DynamicCache(config=target.config)
+    target(input_ids=ids, attention_mask=mask, cache=cache)
+    new = torch.randint(100, 20000, (rows, width), generator=generator)
+    new_mask = torch.cat([mask, torch.ones(rows, width, dtype=torch.long)], dim=1)
+
+    def forward(on: bool):
+        if cache.get_seq_length() > context:
+            cache.crop(context - cache.get_seq_length())
+        with gqa.native_gqa(target.device, width) if on else _nothing():
+            start = time.perf_counter()
+            logits = target(input_ids=new, attention_mask=new_mask, cache=cache).logits
+            return time.perf_counter() - start, logits
+
+    times, logits = {True: [], False: []}, {}
+    for on in (True, False):
+        forward(on)  # warm-up
+    for _ in range(repeats):
+        for on in (True, False):
+            seconds, logits[on] = forward(on)
+            times[on].append(seconds)
+    return {"rows": rows, "width": width, "native_ms": 1e3 * statistics.median(times[True]),
+            "copied_ms": 1e3 * statistics.median(times[False]), "bitwise_equal": torch.equal(logits[True], logits[False])}
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args):
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target_dtype", default="auto", choices=DTYPES)
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--widths", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--output", type=Path, default=None)
+    args = parser.parse_args(argv)
+    torch.set_grad_enabled(False)
+    target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype(args.target_dtype))
+    forwards = [forward_case(target, rows, width, args.repeats) for rows in args.rows for width in args.widths]
+    for case in forwards:
+        print(case)
+
+    drafter = DSparkDrafter.from_pretrained(str(EMBEDDED_DRAFTERS[DEFAULT_TARGET]), target=target,
+                                            dtype=drafter_dtype("auto"))  # fmt: skip
+    drafter.verification_policy = "full"
+    prompts = load_prompts(["../shared/data/eval/gsm8k.jsonl", "../shared/data/eval/humaneval.jsonl"], limit=3)
+    seconds, tokens, equal = {True: 0.0, False: 0.0}, {True: 0, False: 0}, True
+    for index, prompt in enumerate(prompts):
+        ids = tokenizer(render_conversation(tokenizer, prompt.turns[:1], []), add_special_tokens=False,
+                        return_tensors="pt").input_ids  # fmt: skip
+        outputs = {}
+        for on in ((True, False) if index % 2 else (False, True)):
+            switch(on)
+            start = time.perf_counter()
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, do_sample=False,
+                                  max_new_tokens=args.max_new_tokens)  # fmt: skip
+            seconds[on] += time.perf_counter() - start
+            tokens[on] += out.shape[1] - ids.shape[1]
+            outputs[on] = out
+        switch(True)
+        equal &= torch.equal(outputs[True], outputs[False])
+    generation = {"native_tokens_per_second": tokens[True] / seconds[True],
+                  "copied_tokens_per_second": tokens[False] / seconds[False], "outputs_equal": bool(equal),
+                  "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "policy": "full"}
+    print(generation)
+    result = {"command": "python " + " ".join(sys.argv), "machine": machine_info(), "versions": version_info(),
+              "target_dtype": str(target.dtype), "forwards": forwards, "generation": generation}
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
