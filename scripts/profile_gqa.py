@@ -2,8 +2,8 @@
 
 1. one target forward of `width` new tokens per row over a 250-token left-padded cache, for each row count and width
    (median of `--repeats` per setting, the two settings alternating), and whether the logits are bitwise equal;
-2. batch-1 `generate` with the embedded drafter (full block, 128 new tokens, 3 gsm8k + 3 humaneval prompts), tokens/s
-   with the switch on and off, alternating prompt by prompt (the outputs must be equal).
+2. batch-1 `generate` with the embedded drafter (`--policy`, default the full block; 128 new tokens, 3 gsm8k + 3
+   humaneval prompts), tokens/s with the switch on and off, alternating prompt by prompt (the outputs must be equal).
 
     python scripts/profile_gqa.py --output benchmarks/results/gqa/gqa.json
 """
@@ -77,17 +77,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--widths", type=int, nargs="+", default=[2, 4, 8])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--max_new_tokens", type=int, default=128)
+    parser.add_argument("--policy", default="full", help="the drafter's verification policy in part 2")
+    parser.add_argument("--prompt_lookup_num_tokens", type=int, default=0, help="prompt lookup inside rounds (part 2)")
+    parser.add_argument("--skip_forwards", action="store_true", help="part 2 only")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype(args.target_dtype))
-    forwards = [forward_case(target, rows, width, args.repeats) for rows in args.rows for width in args.widths]
+    forwards = [] if args.skip_forwards else [forward_case(target, rows, width, args.repeats) for rows in args.rows
+                                              for width in args.widths]
     for case in forwards:
         print(case)
 
     drafter = DSparkDrafter.from_pretrained(str(EMBEDDED_DRAFTERS[DEFAULT_TARGET]), target=target,
                                             dtype=drafter_dtype("auto"))  # fmt: skip
-    drafter.verification_policy = "full"
+    drafter.verification_policy = args.policy
+    lookup = {"prompt_lookup_num_tokens": args.prompt_lookup_num_tokens} if args.prompt_lookup_num_tokens else {}
     prompts = load_prompts(["../shared/data/eval/gsm8k.jsonl", "../shared/data/eval/humaneval.jsonl"], limit=3)
     seconds, tokens, equal = {True: 0.0, False: 0.0}, {True: 0, False: 0}, True
     for index, prompt in enumerate(prompts):
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             switch(on)
             start = time.perf_counter()
             out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=drafter, do_sample=False,
-                                  max_new_tokens=args.max_new_tokens)  # fmt: skip
+                                  max_new_tokens=args.max_new_tokens, **lookup)  # fmt: skip
             seconds[on] += time.perf_counter() - start
             tokens[on] += out.shape[1] - ids.shape[1]
             outputs[on] = out
@@ -106,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         equal &= torch.equal(outputs[True], outputs[False])
     generation = {"native_tokens_per_second": tokens[True] / seconds[True],
                   "copied_tokens_per_second": tokens[False] / seconds[False], "outputs_equal": bool(equal),
-                  "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "policy": "full"}
+                  "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "policy": args.policy,
+                  "prompt_lookup_num_tokens": args.prompt_lookup_num_tokens}
     print(generation)
     result = {"command": "python " + " ".join(sys.argv), "machine": machine_info(), "versions": version_info(),
               "target_dtype": str(target.dtype), "forwards": forwards, "generation": generation}

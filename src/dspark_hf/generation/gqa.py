@@ -4,8 +4,8 @@ transformers' SDPA attention, for a model with fewer K/V heads than query heads,
 heads (`repeat_kv`: a copy of the layer's whole cache, every layer, every forward) when the forward has more than one
 query token and an attention mask, as verification forwards do, unless `TRANSFORMERS_SDPA_FORCE_GQA=1` hands the
 grouping to torch's kernel (`enable_gqa`). On CPUs that kernel gives bitwise the same outputs for multi-token queries
-(`tests/test_gqa.py`) without the copy: SmolLM2-135M in bf16 (9 query heads over 3 K/V heads, 250-token cache) verified
-8 tokens at batch 1 in ~48 instead of ~50 ms, and 2 tokens per row at 32 rows in ~128-148 instead of ~168 ms
+(`tests/test_gqa.py`) without the copy: SmolLM2-135M in bf16 (9 query heads over 3 K/V heads, 250-token cache)
+verified 8 tokens at batch 1 in 68 instead of 72 ms, and 2 tokens per row at 32 rows in 156 instead of 223 ms
 (`benchmarks/results/gqa/`).
 
 Single-token forwards keep transformers' own path (`pack_gqa`), whose rounding differs from `enable_gqa`'s in the
