@@ -8,7 +8,7 @@ the methods involved (no change to the library), every call of:
 - `block`: the rest of the drafter's block forward (embeddings, draft layers, final norm);
 - `lm_head`: `DSparkDrafter.draft_logits` (the draft-vocabulary LM head over the block);
 - `sample`: `drafting.sample_drafts` (per slot: confidence head, Markov bias, processors, argmax);
-- `target`: the target's forward (prefill excluded);
+- `target`: the target's forwards, the prefill included;
 - `loop`: everything else inside `generate` (transformers' assisted loop, candidate handling, cache crops, stats).
 
 The parts are totals over whole generations (after one warm-up prompt), in milliseconds per round: run it on an idle
@@ -86,7 +86,6 @@ def main(argv: list[str] | None = None) -> int:
     timers.wrap(candidate_generator, "sample_drafts", "sample")
     timers.wrap(type(target), "forward", "target_all")
     rounds = 0
-    prefill = 0.0
     total = 0.0
     tokens = 0
     for index, ids in enumerate([torch.tensor([p]) for p in prompts]):
@@ -102,7 +101,6 @@ def main(argv: list[str] | None = None) -> int:
         rounds += len(drafter.generation_stats.rounds)
     seconds = dict(timers.seconds)
     calls = dict(timers.calls)
-    # The first target call of each generation is the prefill.
     parts = {
         "ingest": seconds.get("ingest", 0.0),
         "block": seconds.get("drafter_forward", 0.0) - seconds.get("ingest", 0.0),

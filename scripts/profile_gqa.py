@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -46,7 +47,7 @@ def forward_case(target, rows: int, width: int, repeats: int, context: int = 250
     def forward(on: bool):
         if cache.get_seq_length() > context:
             cache.crop(context - cache.get_seq_length())
-        with gqa.native_gqa(target.device, width) if on else _nothing():
+        with gqa.native_gqa(target.device, width) if on else contextlib.nullcontext():
             start = time.perf_counter()
             logits = target(input_ids=new, attention_mask=new_mask, cache=cache).logits
             return time.perf_counter() - start, logits
@@ -60,14 +61,6 @@ def forward_case(target, rows: int, width: int, repeats: int, context: int = 250
             times[on].append(seconds)
     return {"rows": rows, "width": width, "native_ms": 1e3 * statistics.median(times[True]),
             "copied_ms": 1e3 * statistics.median(times[False]), "bitwise_equal": torch.equal(logits[True], logits[False])}
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *args):
-        return False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -115,7 +115,6 @@ class DSparkCandidateGenerator(CandidateGenerator):
         **kwargs,
     ) -> tuple[torch.LongTensor, torch.Tensor | None]:
         # The first call precedes the target's prefill: nothing to draft from yet, so the target decodes one token.
-        gqa.use_native_gqa(False)
         if is_first_iteration:
             return input_ids, None
         if self.lookup is not None:
