@@ -118,24 +118,25 @@ def validate_batch1(trace: Trace, results: dict, tables: dict) -> dict:
             "prompts": len(_by_prompt(trace)), "rows": rows}
 
 
-def _simulate_level(trace, tables, method, level, cost, max_new, repeats, lookup_tokens=None):
+def _simulate_level(trace, tables, method, level, cost, max_new, repeats, lookup_tokens=None, wait=0):
     policy = make_policy(method, tables[1])
     tokens = lookup_tokens if method.endswith("+lookup") else None
     make_engine = lambda: SimulatedBatchEngine(trace.sequences, cost, trace.block_size, policy,  # noqa: E731
                                                trace.eos_token_ids, steps_per_second_by_rows=tables,
-                                               prompt_lookup_num_tokens=tokens)
+                                               prompt_lookup_num_tokens=tokens, admission_wait_rounds=wait)
     return simulate_closed_loop(trace, make_engine, [level], max_new, repeats=repeats)[0]
 
 
-def calibrate_level(trace, tables, level, measured, max_new, repeats) -> dict:
+def calibrate_level(trace, tables, level, measured, max_new, repeats, wait=0) -> dict:
     """Scale from target-only and drafting seconds per round from full block (its rounds do not depend on time, so
     its full-load seconds are linear in the drafting cost)."""
-    unit = _simulate_level(trace, tables, "target", level, ProfileCost(tables=tables), max_new, repeats)
+    unit = _simulate_level(trace, tables, "target", level, ProfileCost(tables=tables), max_new, repeats, wait=wait)
     scale = unit["full_load_throughput_tok_s"] / measured["target"]["full_load_throughput_tok_s"]
     seconds = []
     for draft in (0.0, 0.01):
         row = _simulate_level(trace, tables, "full", level, ProfileCost(tables=tables, scale=scale,
-                                                                          draft_seconds=draft), max_new, repeats)
+                                                                          draft_seconds=draft), max_new, repeats,
+                               wait=wait)
         seconds.append(row["full_load_seconds"])
     wanted = row["full_load_tokens"] / measured["full"]["full_load_throughput_tok_s"]
     draft = 0.01 * (wanted - seconds[0]) / (seconds[1] - seconds[0])
@@ -182,6 +183,9 @@ def validate_load(trace: Trace, results: dict, tables: dict, batch1_fit: dict) -
     if settings.get("random_range_ratio"):
         raise ValueError("The validation replays equal budgets: pass a bench-load run without --random_range_ratio.")
     lookup_tokens = settings.get("prompt_lookup_num_tokens")
+    # the run's (first) admission setting; runs before the knob admitted at every step
+    wait = str(settings.get("admission_wait_rounds", "0")).split(",")[0]
+    wait = wait if wait == "auto" else int(wait)
     measured_rows = {(r["concurrency"], r["method"]): r for r in results["results"]}
     levels = sorted({c for c, _ in measured_rows})
     methods = LOAD_METHODS + tuple(m for m in OPTIONAL_LOAD_METHODS if any(k[1] == m for k in measured_rows))
@@ -190,14 +194,14 @@ def validate_load(trace: Trace, results: dict, tables: dict, batch1_fit: dict) -
     rows = []
     for level in levels:
         measured = {m: measured_rows[(level, m)] for m in methods}
-        fit = calibrate_level(trace, tables, level, measured, max_new, repeats)
+        fit = calibrate_level(trace, tables, level, measured, max_new, repeats, wait)
         calibrated = ProfileCost(tables=tables, **fit)
         for method in methods:
             own = measured_cost(list(measured.values()), tables, level, measured[method])
-            ours = _simulate_level(trace, tables, method, level, calibrated, max_new, repeats, lookup_tokens)
-            raw = _simulate_level(trace, tables, method, level, uncalibrated, max_new, repeats, lookup_tokens)
+            ours = _simulate_level(trace, tables, method, level, calibrated, max_new, repeats, lookup_tokens, wait)
+            raw = _simulate_level(trace, tables, method, level, uncalibrated, max_new, repeats, lookup_tokens, wait)
             timed = None if own is None else _simulate_level(trace, tables, method, level, own, max_new, repeats,
-                                                             lookup_tokens)
+                                                             lookup_tokens, wait)
             rows.append({"concurrency": level, "method": method, "fit": fit,
                          "fitted": method in ("target", "full"),
                          "measured_full_load_tok_s": measured[method]["full_load_throughput_tok_s"],

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from conftest import left_pad, make_drafter, make_target, solo
 from dspark_hf.generation import batched
-from dspark_hf.generation.batched import DSparkBatchEngine
+from dspark_hf.generation.batched import DSparkBatchEngine, DSparkRequest
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -384,11 +384,13 @@ def test_new_requests_take_over_finished_rows_in_place(monkeypatch):
         assert request.output_ids == solo(target, prompt, length, eos_token_id=None), request.request_id
 
 
+@pytest.mark.parametrize("wait", [2, "auto"])
 @pytest.mark.parametrize("with_drafter", [True, False])
-def test_held_back_arrivals_are_admitted_together_and_stay_identical(with_drafter, monkeypatch):
-    """`admission_wait_rounds=2`: requests arriving in successive rounds while others decode wait (their
-    predecessors' finished rows kept, computed and dropped) and are prefilled in one admission, at most 2 rounds
-    late, taking the kept rows over; every output still equals solo generation."""
+def test_held_back_arrivals_are_admitted_together_and_stay_identical(with_drafter, wait, monkeypatch):
+    """`admission_wait_rounds=2` (and "auto": the next rows finish within a few rounds): requests arriving in
+    successive rounds while others decode wait (their predecessors' finished rows kept, computed and dropped) and are
+    prefilled in one admission, at most 2 rounds late, taking the kept rows over; every output still equals solo
+    generation."""
     appended = []
     original_merge = DSparkBatchEngine._merge
     monkeypatch.setattr(DSparkBatchEngine, "_merge",
@@ -397,7 +399,7 @@ def test_held_back_arrivals_are_admitted_together_and_stay_identical(with_drafte
     target = make_target("llama", seed=12)
     drafter = make_drafter(target, block_size=3) if with_drafter else None
     engine = DSparkBatchEngine(target, drafter, policy="full" if with_drafter else None, pad_token_id=0,
-                               admission_wait_rounds=2)
+                               admission_wait_rounds=wait)
     long = engine.add_request(list(range(30, 50)), 40)
     short = [engine.add_request([5 + i, 6, 7], 2 + i) for i in range(3)]  # finish in successive early rounds
     done = engine.step()
@@ -449,8 +451,39 @@ def test_admission_wait_never_holds_a_request_while_nothing_decodes():
     engine.run()
     assert first.output_ids == solo(target, [5, 6, 7], 2, eos_token_id=None)
     assert second.output_ids == solo(target, [8, 9], 3, eos_token_id=None)
-    with pytest.raises(ValueError, match="admission_wait_rounds must be >= 0"):
-        DSparkBatchEngine(target, None, admission_wait_rounds=-1)
+    for bad in (-1, "soon", 1.5, True):
+        with pytest.raises(ValueError, match="admission_wait_rounds must be an int >= 0 .* or 'auto', got"):
+            DSparkBatchEngine(target, None, admission_wait_rounds=bad)
+
+
+def _requests(remaining: list[int | None]) -> list[DSparkRequest]:
+    """Rows with these new-token budgets left (`None`: finished, its row kept for a waiting request)."""
+    requests = []
+    for index, left in enumerate(remaining):
+        request = DSparkRequest(index, [1, 2], 10, output_ids=[3] * (10 - (left or 0)), finished=left is None)
+        requests.append(request)
+    return requests
+
+
+def test_auto_admission_waits_only_while_idle_rows_cost_less_than_a_prefill():
+    """"auto" holds waiting requests while each has a finished row to take over and (rounds waited + fewest tokens any
+    decoding row has left) x (finished rows) <= rows, never past `AUTO_MAX_WAIT_ROUNDS`; an int keeps its meaning."""
+    from dspark_hf.generation.batched import AUTO_MAX_WAIT_ROUNDS, admission_is_due
+
+    rows = _requests([None, 3, 9, 9])  # 1 finished row of 4; the next finishes within 3 rounds
+    assert not admission_is_due(rows, 1, 0, "auto")  # 3 idle row-rounds <= 4 rows: wait for it
+    assert not admission_is_due(rows, 1, 1, "auto")  # 4 <= 4
+    assert admission_is_due(rows, 1, 2, "auto")  # 5 > 4: a prefill of its own is cheaper now
+    assert admission_is_due(rows, 2, 0, "auto")  # two waiting, one free row: the batch grows, no wait
+    assert admission_is_due(_requests([None, None, 3, 9]), 2, 0, "auto")  # 2 rows idle x 3 rounds > 4
+    assert not admission_is_due(_requests([None, None, 1, 9]), 2, 0, "auto")
+    assert admission_is_due(_requests([None, None, None, None]), 1, 0, "auto")  # nothing decodes: at once
+    assert not admission_is_due(rows, 0, 0, "auto")  # nobody waits
+    wide = _requests([None] + [AUTO_MAX_WAIT_ROUNDS + 1] * 63)
+    assert admission_is_due(wide, 1, 0, "auto")  # cheap to hold, but not past the cap on time to first token
+    assert not admission_is_due(_requests([None] + [AUTO_MAX_WAIT_ROUNDS] * 63), 1, 0, "auto")
+    assert not admission_is_due(rows, 1, 1, 2) and admission_is_due(rows, 1, 2, 2)  # an int: that many rounds
+    assert admission_is_due(rows, 1, 0, 0)
 
 
 def test_appending_layer_behaves_like_concatenation():

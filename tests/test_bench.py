@@ -390,7 +390,7 @@ def test_bench_load_reports_the_target_dtype_and_identity(prompt_files, tmp_path
         bench_load.main(argv[:11] + ["target,full+eagle"] + argv[12:])
     assert "identical" not in rows["target"] and "outputs" not in rows["full"]
     assert "Target in float32" in (tmp_path / "out" / "bench_load.md").read_text()
-    for bad in ("-1", "two", "0,-2"):
+    for bad in ("-1", "two", "0,-2", "auto,soon"):
         with pytest.raises(SystemExit):  # one-line argparse error
             bench_load.main(argv + ["--admission_wait_rounds", bad])
 

@@ -15,8 +15,9 @@ requests finish in lockstep: each wave is admitted in one prefill, while a specu
 are admitted a few at a time (a prefill of one prompt costs ~2x per prompt what a prefill of 16 does on a 2-core CPU).
 `--random_range_ratio r` draws each request's budget from ``[1 - r, 1 + r] · max_new_tokens`` (the same draws for
 every method), as lengths vary in serving. `--admission_wait_rounds N` (every method alike) lets requests that arrive
-while others decode wait up to N rounds so that several are prefilled together ([`DSparkBatchEngine`]); several
-values (`0,2`) run every method at each, side by side (`METHOD wait=N` rows; ratios against target-only at the first).
+while others decode wait up to N rounds so that several are prefilled together ([`DSparkBatchEngine`]; the default,
+`auto`, waits while that is cheaper than a prefill of their own); several values (`auto,0`) run every method at each,
+side by side (`METHOD wait=N` rows; ratios against target-only at the first).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..cli import ArgumentParser
-from ..generation.batched import DSparkBatchEngine
+from ..generation.batched import AUTO_ADMISSION, DSparkBatchEngine, check_admission_wait_rounds
 from ..generation.policies import get_policy
 from ..modeling_dspark import DSparkDrafter
 from ..models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
@@ -70,10 +71,11 @@ def _parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--sps", default=None, help="profile from `dspark-hf profile` with these batch sizes (default: "
                         "the drafter folder's if measured on this kind of machine in this dtype at these levels, else "
                         "one measured here once and cached)")
-    parser.add_argument("--admission_wait_rounds", default="0",
+    parser.add_argument("--admission_wait_rounds", default="auto",
                         help="rounds a new request may wait while others decode, so that requests arriving in "
-                        "successive rounds share one prefill; the same for every method; comma-separated values run "
-                        "every method at each, as 'METHOD wait=N' rows (default: %(default)s)")
+                        "successive rounds share one prefill, or 'auto' (while waiting costs less than a prefill); the "
+                        "same for every method; comma-separated values run every method at each, as 'METHOD wait=N' "
+                        "rows (default: %(default)s)")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2,
@@ -84,12 +86,11 @@ def _parse_args(argv) -> argparse.Namespace:
     if args.prompt_lookup_num_tokens < 1:
         parser.error(f"--prompt_lookup_num_tokens must be >= 1, got {args.prompt_lookup_num_tokens}")
     try:
-        args.admission_waits = [int(part) for part in args.admission_wait_rounds.split(",")]
+        args.admission_waits = [check_admission_wait_rounds(part if part == AUTO_ADMISSION else int(part))
+                                for part in args.admission_wait_rounds.split(",")]
     except ValueError:
-        args.admission_waits = None
-    if args.admission_waits is None or min(args.admission_waits) < 0:
-        parser.error(f"--admission_wait_rounds takes comma-separated integers >= 0 (0 admits at every step), got "
-                     f"{args.admission_wait_rounds!r}")
+        parser.error(f"--admission_wait_rounds takes comma-separated integers >= 0 (0 admits at every step) or "
+                     f"'{AUTO_ADMISSION}', got {args.admission_wait_rounds!r}")
     if not 0.0 <= args.random_range_ratio < 1.0:
         parser.error(f"--random_range_ratio must be in [0, 1) (0.5: budgets from 0.5x to 1.5x --max_new_tokens), got "
                      f"{args.random_range_ratio}")
@@ -261,7 +262,7 @@ def _engines(args, target, drafter, pad_token_id, eos_token_id, sps_path: Path |
             yield name + suffix, make_engine
 
 
-def _method_engines(args, target, drafter, pad_token_id, eos_token_id, sps_path: Path | None, wait: int):
+def _method_engines(args, target, drafter, pad_token_id, eos_token_id, sps_path: Path | None, wait: int | str):
     by_rows = load_speed_tables(sps_path) if sps_path is not None else None
     lookup_tokens = args.prompt_lookup_num_tokens
     common = {"eos_token_id": eos_token_id, "pad_token_id": pad_token_id, "admission_wait_rounds": wait}

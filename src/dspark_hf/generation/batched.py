@@ -39,6 +39,46 @@ MAX_PENDING_SLOTS = 64  # the drafter ingests pending context at the latest afte
 TIMINGS_KEPT = 1 << 16  # timings of the latest rounds an engine keeps (`DSparkBatchEngine.step_timings`, ...)
 
 
+AUTO_ADMISSION = "auto"
+# `admission_wait_rounds="auto"` never holds a request longer than this (its time to first token)
+AUTO_MAX_WAIT_ROUNDS = 8
+
+
+def check_admission_wait_rounds(value: int | str) -> int | str:
+    """`value` if the engine takes it as `admission_wait_rounds` (an int >= 0 or "auto"), else a one-line error."""
+    if value == AUTO_ADMISSION or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    raise ValueError(f"admission_wait_rounds must be an int >= 0 (0 admits new requests at every step) or "
+                     f"{AUTO_ADMISSION!r}, got {value!r}.")
+
+
+def admission_is_due(active: list["DSparkRequest"], waiting: int, waited_rounds: int, wait_rounds: int | str) -> bool:
+    """Whether `waiting` queued requests are admitted now, `waited_rounds` rounds after the oldest arrived.
+
+    At once when nothing decodes; with an int `wait_rounds`, once the oldest has waited that many rounds. With
+    "auto" a wait is a bet that a decoding row finishes soon and its successor shares the prefill: it holds only
+    while every waiting request has a finished row to take over (otherwise the batch grows, and a wait gains no
+    shared forward over what the new rows would decode), and while ``rounds · free <= rows``, where ``rounds`` is the
+    wait so far plus the fewest new tokens any decoding row has left (it finishes by then, earlier at EOS) and
+    ``free`` the finished rows idling meanwhile: the idle rows then cost at most one decode step of the whole batch,
+    about what the fixed part of a prefill forward costs (measured on a 2-core CPU, bf16 SmolLM2-135M: a prefill's
+    fixed part 66-74 ms against a decode step of 58-86 ms at 16-32 rows, `benchmarks/results/admission/`). Never
+    longer than `AUTO_MAX_WAIT_ROUNDS` rounds in all.
+    """
+    if not waiting:
+        return False
+    decoding = [request for request in active if not request.finished]
+    if not decoding:
+        return True
+    if wait_rounds != AUTO_ADMISSION:
+        return waited_rounds >= wait_rounds
+    free = len(active) - len(decoding)
+    if free < waiting:
+        return True
+    rounds = waited_rounds + min(request.max_new_tokens - len(request.output_ids) for request in decoding)
+    return rounds > AUTO_MAX_WAIT_ROUNDS or rounds * free > len(active)
+
+
 @dataclass
 class DSparkRequest:
     """One generation request and its outcome."""
@@ -82,13 +122,17 @@ class DSparkBatchEngine:
             profiled curve for this many rows from each request's measured lookup acceptance (drafting is free there);
             otherwise a match is verified whole. Without a drafter the engine is batched prompt lookup decoding.
         max_matching_ngram_size (`int`, defaults to 3): the longest n-gram matched.
-        admission_wait_rounds (`int`, defaults to 0): how many rounds a new request may wait while other requests
-            decode, so that requests arriving in successive rounds are prefilled in one forward (TGI's
-            `max_waiting_tokens`). On a CPU a forward has a large fixed cost: a one-prompt prefill of ~100 tokens
-            costs about twice as much per prompt as a 16-prompt one, and rows that accept different numbers of drafts
-            finish, and are replaced, a few at a time. Finished rows stay in place while their successors wait
+        admission_wait_rounds (`int` or `"auto"`, defaults to `"auto"`): how many rounds a new request may wait
+            while other requests decode, so that requests arriving in successive rounds are prefilled in one forward
+            (TGI's `max_waiting_tokens`). On a CPU a forward has a large fixed cost: a one-prompt prefill of ~100
+            tokens costs about twice as much per prompt as a 16-prompt one, and rows that accept different numbers of
+            drafts finish, and are replaced, a few at a time. Finished rows stay in place while their successors wait
             (computed, their output dropped), so the successors take them over without copying the other rows'
             caches. 0 admits at every step; a request that arrives while nothing decodes is admitted at once.
+            `"auto"` waits only as long as waiting is cheaper than a prefill of its own ([`admission_is_due`]): while
+            every waiting request has a finished row to take over, and the row-rounds those rows idle until the next
+            decoding row must finish (its remaining budget) stay within the batch's row count and
+            `AUTO_MAX_WAIT_ROUNDS` rounds.
 
     Example:
 
@@ -116,12 +160,9 @@ class DSparkBatchEngine:
         steps_per_second_by_rows: Mapping[int, Mapping[int, float]] | None = None,
         prompt_lookup_num_tokens: int | None = None,
         max_matching_ngram_size: int = 3,
-        admission_wait_rounds: int = 0,
+        admission_wait_rounds: int | str = AUTO_ADMISSION,
     ):
-        if admission_wait_rounds < 0:
-            raise ValueError(f"admission_wait_rounds must be >= 0 (0 admits new requests at every step), got "
-                             f"{admission_wait_rounds}.")
-        self.admission_wait_rounds = admission_wait_rounds
+        self.admission_wait_rounds = check_admission_wait_rounds(admission_wait_rounds)
         if prompt_lookup_num_tokens is not None and prompt_lookup_num_tokens < 1:
             raise ValueError(f"prompt_lookup_num_tokens must be >= 1 to use prompt lookup (None turns it off), got "
                              f"{prompt_lookup_num_tokens}.")
@@ -201,12 +242,8 @@ class DSparkBatchEngine:
     # --- batch state --------------------------------------------------------------------------------------------
 
     def _admission_due(self) -> bool:
-        """Whether waiting requests are admitted at this step: at once when `admission_wait_rounds` is 0 or nothing
-        else decodes, else once the oldest has waited that many rounds."""
-        if not self.waiting:
-            return False
-        decoding = any(not request.finished for request in self.active)
-        return not decoding or self._waited_rounds >= self.admission_wait_rounds
+        """Whether waiting requests are admitted at this step ([`admission_is_due`])."""
+        return admission_is_due(self.active, len(self.waiting), self._waited_rounds, self.admission_wait_rounds)
 
     def _reset_batch_state(self) -> None:
         self.cache: DynamicCache | None = None  # target KV, (rows, slots)

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..generation.batched import DSparkBatchEngine, DSparkRequest
+from ..generation.batched import AUTO_ADMISSION, DSparkBatchEngine, DSparkRequest, check_admission_wait_rounds
 from ..generation.drafting import DraftedBlock, SlotSchedule
 from ..generation.lookup import PromptLookup
 from ..generation.policies import VerificationPolicy, get_policy
@@ -205,9 +205,9 @@ class SimulatedBatchEngine(DSparkBatchEngine):
     def __init__(self, sequences: Sequence[TraceSequence], cost: CostModel, block_size: int,
                  policy: str | VerificationPolicy | None = None, eos_token_ids: Sequence[int] = (),
                  steps_per_second_by_rows=None, prompt_lookup_num_tokens: int | None = None,
-                 max_matching_ngram_size: int = 3, admission_wait_rounds: int = 0):
+                 max_matching_ngram_size: int = 3, admission_wait_rounds: int | str = AUTO_ADMISSION):
         self.clock = SimulatedClock()
-        self.admission_wait_rounds, self._waited_rounds = admission_wait_rounds, 0
+        self.admission_wait_rounds, self._waited_rounds = check_admission_wait_rounds(admission_wait_rounds), 0
         self.prompt_lookup_num_tokens, self.max_matching_ngram_size = prompt_lookup_num_tokens, max_matching_ngram_size
         self.cost = cost
         self.by_prompt = {tuple(s.prompt_ids): s for s in sequences}

@@ -25,6 +25,7 @@ from pathlib import Path
 from ..cli import ArgumentParser
 from ..benchmarks.bench_load import pool_passes, run_level
 from ..benchmarks.report import geometric_mean
+from ..generation.batched import AUTO_ADMISSION, check_admission_wait_rounds
 from ..generation.lookup import PromptLookup
 from ..generation.policies import HardwareAwarePolicy, ThresholdPolicy, VerificationPolicy, get_policy
 from ..profiling import load_speed_tables
@@ -217,9 +218,9 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--threshold", type=float, default=0.5)
     parser.add_argument("--prompt_lookup_num_tokens", type=int, default=10,
                         help="the most lookup drafts per round of a POLICY+lookup method (default: %(default)s)")
-    parser.add_argument("--admission_wait_rounds", type=int, default=0,
-                        help="rounds a new request may wait while others decode (the engine's knob; default: "
-                        "%(default)s)")
+    parser.add_argument("--admission_wait_rounds", default=AUTO_ADMISSION,
+                        help="rounds a new request may wait while others decode, or 'auto' (the engine's knob; "
+                        "default: %(default)s)")
     parser.add_argument("--concurrency", default="1", help="comma-separated levels; 0 or 'batch1' for the assisted "
                         "loop (bench); default: %(default)s")
     parser.add_argument("--arrivals", default="closed", help="closed, or poisson:RATE (requests per second)")
@@ -230,8 +231,12 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.add_argument(f"--{name}", type=float, help="override the cost model's value")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
-    if args.admission_wait_rounds < 0:
-        parser.error(f"--admission_wait_rounds must be >= 0 (0 admits at every step), got {args.admission_wait_rounds}")
+    try:
+        wait = args.admission_wait_rounds
+        args.admission_wait_rounds = check_admission_wait_rounds(wait if wait == AUTO_ADMISSION else int(wait))
+    except ValueError:
+        parser.error(f"--admission_wait_rounds must be an integer >= 0 (0 admits at every step) or "
+                     f"'{AUTO_ADMISSION}', got {args.admission_wait_rounds!r}")
     if args.arrivals != "closed" and not args.arrivals.startswith("poisson:"):
         parser.error(f"--arrivals must be 'closed' or 'poisson:RATE', got {args.arrivals!r}")
     return args
