@@ -10,8 +10,9 @@ in seconds as the fitted cost model.
     # another validation (its load trace, fitted costs and profile; batch 1 as validated there)
     python scripts/sweep_knobs.py --validation benchmarks/results/sim-validation-stage7-bf16 --output_dir ...
 
-Under load also the engine's `admission_wait_rounds` (target-only and hardware-aware at 1, 2 and 4), where a
-prefill costs one forward of its rows (the profile's) plus the measured seconds per prompt token.
+Under load also the engine's `admission_wait_rounds` (target-only and hardware-aware at 1, 2, 4 and "auto"; every
+other row admits at every step, 0), where a prefill costs one forward of its rows (the profile's) plus the measured
+seconds per prompt token.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ VARIANTS = {"defaults": {}, "plan_smoothing=0": {"plan_smoothing": 0.0},
 REFERENCES = ["target", "fixed:1", "fixed:2", "threshold"]
 # the engine's knob, under load only: (method, admission_wait_rounds)
 WAITS = {f"{method} admission_wait_rounds={n}": (method, n)
-         for method in ("target", "hardware_aware") for n in (1, 2, 4)}
+         for method in ("target", "hardware_aware") for n in (1, 2, 4, "auto")}
 
 
 def _policy(name: str, tables: dict):
