@@ -62,7 +62,7 @@ def admission_is_due(active: list["DSparkRequest"], waiting: int, waited_rounds:
     wait so far plus the fewest new tokens any decoding row has left (it finishes by then, earlier at EOS) and
     ``free`` the finished rows idling meanwhile: the idle rows then cost at most one decode step of the whole batch,
     about what the fixed part of a prefill forward costs (measured on a 2-core CPU, bf16 SmolLM2-135M: a prefill's
-    fixed part 66-74 ms against a decode step of 58-86 ms at 16-32 rows, `benchmarks/results/admission/`). Never
+    fixed part 60-95 ms against a decode step of 50-97 ms at 8-32 rows, `benchmarks/results/admission/`). Never
     longer than `AUTO_MAX_WAIT_ROUNDS` rounds in all.
     """
     if not waiting:
