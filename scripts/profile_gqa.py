@@ -6,6 +6,8 @@
    humaneval prompts), tokens/s with the switch on and off, alternating prompt by prompt (the outputs must be equal).
 
     python scripts/profile_gqa.py --output benchmarks/results/gqa/gqa.json
+    # the forwards at the engine's row counts and widths only (`scripts/sim_engine_gqa.py` reads them)
+    python scripts/profile_gqa.py --rows 8 16 32 --widths 2 3 4 5 6 7 8 --skip_generation --output ...
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="full", help="the drafter's verification policy in part 2")
     parser.add_argument("--prompt_lookup_num_tokens", type=int, default=0, help="prompt lookup inside rounds (part 2)")
     parser.add_argument("--skip_forwards", action="store_true", help="part 2 only")
+    parser.add_argument("--skip_generation", action="store_true", help="part 1 only")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
@@ -81,7 +84,16 @@ def main(argv: list[str] | None = None) -> int:
                                               for width in args.widths]
     for case in forwards:
         print(case)
+    generation = None if args.skip_generation else generation_case(target, tokenizer, args)
+    result = {"command": "python " + " ".join(sys.argv), "machine": machine_info(), "versions": version_info(),
+              "target_dtype": str(target.dtype), "forwards": forwards, "generation": generation}
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
 
+
+def generation_case(target, tokenizer, args) -> dict:
     drafter = DSparkDrafter.from_pretrained(str(EMBEDDED_DRAFTERS[DEFAULT_TARGET]), target=target,
                                             dtype=drafter_dtype("auto"))  # fmt: skip
     drafter.verification_policy = args.policy
@@ -107,12 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                   "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "policy": args.policy,
                   "prompt_lookup_num_tokens": args.prompt_lookup_num_tokens}
     print(generation)
-    result = {"command": "python " + " ".join(sys.argv), "machine": machine_info(), "versions": version_info(),
-              "target_dtype": str(target.dtype), "forwards": forwards, "generation": generation}
-    if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return generation
 
 
 if __name__ == "__main__":

@@ -8,8 +8,11 @@ grouping to torch's kernel (`enable_gqa`). On CPUs that kernel gives bitwise the
 verified 8 tokens at batch 1 in 68 instead of 72 ms, and 2 tokens per row at 32 rows in 156 instead of 223 ms
 (`benchmarks/results/gqa/`).
 
-Batch 1 uses it for the target's verification forwards (`DSparkCandidateGenerator`). The batched engine does not yet:
-its hardware-aware policy then verifies more under load, and whether that pays is not settled (README there).
+Batch 1 uses it for the target's verification forwards (`DSparkCandidateGenerator`), the batched engine for every
+forward of 2+ tokens per row (verification, the drafter's block, admission prefills). There its hardware-aware policy
+verifies more under load; replayed on measured costs with the measured native / copied ratios at 8-32 rows, that pays
+(+2 to +10% at full load, `benchmarks/results/gqa/sim-engine/`), while bench-load runs on a host whose speed swung by
+up to 40% could not tell either way (README there).
 
 Single-token forwards keep transformers' own path (`pack_gqa`), whose rounding differs from `enable_gqa`'s in the
 last bits: plain decoding rounds stay bitwise target-only decoding. A `TRANSFORMERS_SDPA_FORCE_GQA` the user set is
