@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,7 +112,8 @@ def main() -> None:
     lines = ["# Admission settings, simulated (costs a bench-load run measured; not a measurement)", "",
              f"Validation: `{folder}`. Full-load tokens/s over target-only admitting at every step (wait 0), and "
              "admissions (3 passes).", "",
-             "| budgets | method | wait | " + " | ".join(map(str, levels)) + " |", "|---|---|---|" + "---:|" * len(levels)]
+             "| budgets | method | wait | " + " | ".join(map(str, levels)) + " |",
+             "|---|---|---|" + "---:|" * len(levels)]
     for budgets in ("lockstep", "spread"):
         for method in METHODS:
             for wait in WAITS:
@@ -120,13 +122,17 @@ def main() -> None:
                 lines.append(f"| {budgets} | {method} | {wait} | " + " | ".join(
                     f"{r['full_load_tok_s'] / base[(budgets, r['concurrency'])]:.3f}x ({r['admissions']})"
                     for r in cells) + " |")
-    output = Path(args.output_dir)
+    write_report(args.output_dir, "admission", {"validation": str(folder), "rows": rows}, lines)
+
+
+def write_report(output_dir: str, stem: str, document: dict, lines: list[str]) -> None:
+    """`STEM.json` (the document, marked as a simulation, with the command) and `STEM.md` (the lines) in
+    `output_dir`; prints the lines."""
+    output = Path(output_dir)
     output.mkdir(parents=True, exist_ok=True)
-    (output / "admission.json").write_text(json.dumps({"simulation": True, "validation": str(folder),
-                                                        "command": "python scripts/sim_admission.py " +
-                                                        " ".join(f"--{k} {v}" for k, v in vars(args).items()),
-                                                        "rows": rows}, indent=1))
-    (output / "admission.md").write_text("\n".join(lines) + "\n")
+    document = {"simulation": True, "command": "python " + " ".join(sys.argv), **document}
+    (output / f"{stem}.json").write_text(json.dumps(document, indent=1))
+    (output / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

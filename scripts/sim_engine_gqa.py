@@ -19,7 +19,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from sim_admission import LOAD_RESULTS, RESULTS, VALIDATION, level_costs, simulate
+from sim_admission import LOAD_RESULTS, RESULTS, VALIDATION, level_costs, simulate, write_report
 from dspark_hf.profiling import load_speed_tables
 from dspark_hf.simulation.trace import Trace
 
@@ -57,12 +57,7 @@ def main() -> None:
             cells = [r for r in rows if r["budgets"] == budgets and r["engine"] == name]
             lines.append(f"| {budgets} | {name} | " + " | ".join(f"{r['vs_target']:.3f}x ({r['tau']:.2f})"
                                                                for r in cells) + " |")
-    output = Path(args.output_dir)
-    output.mkdir(parents=True, exist_ok=True)
-    (output / "sim_engine_gqa.json").write_text(json.dumps({"simulation": True, "forwards": args.forwards,
-                                                             "ratios": ratios, "rows": rows}, indent=1))
-    (output / "sim_engine_gqa.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_report(args.output_dir, "sim_engine_gqa", {"forwards": args.forwards, "ratios": ratios, "rows": rows}, lines)
 
 
 if __name__ == "__main__":
