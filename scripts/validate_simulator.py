@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dspark_hf.generation.batched import parse_admission_wait_rounds
 from dspark_hf.models import EMBEDDED_DRAFTERS
 from dspark_hf.profiling import load_speed_tables
 from dspark_hf.simulation.cost import ProfileCost
@@ -184,8 +185,7 @@ def validate_load(trace: Trace, results: dict, tables: dict, batch1_fit: dict) -
         raise ValueError("The validation replays equal budgets: pass a bench-load run without --random_range_ratio.")
     lookup_tokens = settings.get("prompt_lookup_num_tokens")
     # the run's (first) admission setting; runs before the knob admitted at every step
-    wait = str(settings.get("admission_wait_rounds", "0")).split(",")[0]
-    wait = wait if wait == "auto" else int(wait)
+    wait = parse_admission_wait_rounds(str(settings.get("admission_wait_rounds", "0")).split(",")[0])
     measured_rows = {(r["concurrency"], r["method"]): r for r in results["results"]}
     levels = sorted({c for c, _ in measured_rows})
     methods = LOAD_METHODS + tuple(m for m in OPTIONAL_LOAD_METHODS if any(k[1] == m for k in measured_rows))

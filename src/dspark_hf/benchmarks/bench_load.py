@@ -32,7 +32,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..cli import ArgumentParser
-from ..generation.batched import AUTO_ADMISSION, DSparkBatchEngine, check_admission_wait_rounds
+from ..generation.batched import AUTO_ADMISSION, DSparkBatchEngine, parse_admission_wait_rounds
 from ..generation.policies import get_policy
 from ..modeling_dspark import DSparkDrafter
 from ..models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
@@ -86,8 +86,7 @@ def _parse_args(argv) -> argparse.Namespace:
     if args.prompt_lookup_num_tokens < 1:
         parser.error(f"--prompt_lookup_num_tokens must be >= 1, got {args.prompt_lookup_num_tokens}")
     try:
-        args.admission_waits = [check_admission_wait_rounds(part if part == AUTO_ADMISSION else int(part))
-                                for part in args.admission_wait_rounds.split(",")]
+        args.admission_waits = [parse_admission_wait_rounds(part) for part in args.admission_wait_rounds.split(",")]
     except ValueError:
         parser.error(f"--admission_wait_rounds takes comma-separated integers >= 0 (0 admits at every step) or "
                      f"'{AUTO_ADMISSION}', got {args.admission_wait_rounds!r}")

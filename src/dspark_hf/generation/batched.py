@@ -53,6 +53,11 @@ def check_admission_wait_rounds(value: int | str) -> int | str:
                      f"{AUTO_ADMISSION!r}, got {value!r}.")
 
 
+def parse_admission_wait_rounds(text: str) -> int | str:
+    """`admission_wait_rounds` from its command-line or JSON spelling ("auto" or an integer), checked."""
+    return check_admission_wait_rounds(text if text == AUTO_ADMISSION else int(text))
+
+
 def admission_is_due(active: list["DSparkRequest"], waiting: int, waited_rounds: int, wait_rounds: int | str) -> bool:
     """Whether `waiting` queued requests are admitted now, `waited_rounds` rounds after the oldest arrived.
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from ..cli import ArgumentParser
 from ..benchmarks.bench_load import pool_passes, run_level
 from ..benchmarks.report import geometric_mean
-from ..generation.batched import AUTO_ADMISSION, check_admission_wait_rounds
+from ..generation.batched import AUTO_ADMISSION, parse_admission_wait_rounds
 from ..generation.lookup import PromptLookup
 from ..generation.policies import HardwareAwarePolicy, ThresholdPolicy, VerificationPolicy, get_policy
 from ..profiling import load_speed_tables
@@ -232,8 +232,7 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args(argv)
     try:
-        wait = args.admission_wait_rounds
-        args.admission_wait_rounds = check_admission_wait_rounds(wait if wait == AUTO_ADMISSION else int(wait))
+        args.admission_wait_rounds = parse_admission_wait_rounds(args.admission_wait_rounds)
     except ValueError:
         parser.error(f"--admission_wait_rounds must be an integer >= 0 (0 admits at every step) or "
                      f"'{AUTO_ADMISSION}', got {args.admission_wait_rounds!r}")
