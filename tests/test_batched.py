@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 import torch
@@ -270,6 +271,49 @@ def test_bench_load_closed_loop_counts_every_request():
         if engine.drafter is None:  # equal-length requests finish together: two full waves, then the drain
             # 5 steps per wave: the first commits the prefill's token and one decoded token
             assert row["full_load_tokens"] == 6 * 6 and row["full_load_steps"] == 2 * 5
+
+
+def test_bench_load_step_clock_counts_only_running_time():
+    from dspark_hf.benchmarks.bench_load import StepClock
+
+    now = [10.0]
+    clock = StepClock(timer=lambda: now[0])
+    now[0] = 12.0  # paused: the time before the first step does not count
+    assert clock() == 10.0
+    with clock.running():
+        now[0] = 13.5
+        assert clock() == 11.5  # runs while stepping
+    now[0] = 20.0  # another engine's step
+    assert clock() == 11.5
+    with clock.running():
+        now[0] = 21.0
+    assert clock() == 12.5
+
+
+def test_bench_load_interleaved_loops_match_separate_runs():
+    from dspark_hf.benchmarks.bench_load import StepClock, run_level, run_level_interleaved
+
+    target = make_target("llama", seed=2)
+    drafter = make_drafter(target, block_size=3)
+    prompts, budgets = [[5, 6, 7], [8, 9], [3, 4, 5, 6]], [6, 4, 7, 5, 6]
+
+    def engines():
+        return [DSparkBatchEngine(target, None, pad_token_id=0), DSparkBatchEngine(target, drafter, pad_token_id=0),
+                DSparkBatchEngine(target, drafter, pad_token_id=0, prompt_lookup_num_tokens=3)]
+
+    alone = [run_level(engine, prompts, 2, 5, budgets) for engine in engines()]
+    stepped = engines()
+    began = time.perf_counter()
+    together = run_level_interleaved(stepped, prompts, 2, 5, budgets, rotation=1)
+    wall = time.perf_counter() - began
+    for row, expected, engine in zip(together, alone, stepped):
+        assert isinstance(engine.clock, StepClock)
+        assert row["outputs"] == expected["outputs"] and row["prompt_ids"] == expected["prompt_ids"]
+        assert row["requests"] == 5 and row["steps"] == expected["steps"] and row["tau"] == expected["tau"]
+        # each loop's time is its own steps' (plus their bookkeeping), never the whole interleaved run's
+        assert 0 < row["full_load_seconds"] <= row["seconds"]
+    # the clocks count disjoint stretches of the interleaved run: together no more than its wall time
+    assert sum(row["seconds"] for row in together) <= wall
 
 
 def test_bench_load_budgets_spread_and_apply_per_request():

@@ -380,6 +380,7 @@ def test_bench_load_reports_the_target_dtype_and_identity(prompt_files, tmp_path
     document = json.loads((tmp_path / "out" / "bench_load.json").read_text())
     assert document["settings"]["target_dtype"] == "float32"
     assert document["settings"]["target_dtype_resolved"] == "float32"
+    assert document["settings"]["interleave"] == "steps"  # the methods' loops stepped in turn, each on its own clock
     rows = {row["method"]: row for row in document["results"]}
     for method in ("full", "prompt_lookup", "full+lookup"):
         assert rows[method]["identical"] == rows[method]["identical_of"] == 3 and rows[method]["divergences"] == 0
@@ -407,7 +408,7 @@ def test_bench_load_runs_every_method_at_each_admission_wait(prompt_files, tmp_p
         kwargs["admission_wait_rounds"]) or engine_init(self, *args, **kwargs))
     argv = ["--drafter", str(tmp_path / "drafter"), "--prompts", str(prompt_files[0]), "--concurrency", "3",
             "--requests", "6", "--max_new_tokens", "5", "--random_range_ratio", "0.5", "--methods", "target,full",
-            "--repeats", "1", "--target-dtype", "float32", "--admission_wait_rounds", "0,2",
+            "--repeats", "1", "--target-dtype", "float32", "--admission_wait_rounds", "0,2", "--interleave", "passes",
             "--output_dir", str(tmp_path / "out")]
     assert bench_load.main(argv) == 0
     rows = {row["method"]: row for row in json.loads((tmp_path / "out" / "bench_load.json").read_text())["results"]}

@@ -2,7 +2,9 @@
 
 At each concurrency level c, a closed loop keeps c requests in flight in a [`DSparkBatchEngine`] (a finished request
 is replaced by the next prompt at the following round) until `--requests` have finished. Methods run interleaved per
-level (`--repeats` passes, rotating the order, pooled): target-only batched decoding, then DSpark with each
+level (`--repeats` passes, rotating the order, pooled; by default every method's loop runs one step in turn, each on
+its own clock, `--interleave steps`, since a shared CPU's speed drifts by tens of percent within seconds): target-only
+batched decoding, then DSpark with each
 verification policy (`POLICY+lookup`: with prompt lookup inside its rounds; `prompt_lookup`: batched prompt lookup
 decoding without a drafter). Reports total tokens/s at full load (the steps with c requests in flight) and over the whole
 run (including the drain once the queue is empty), each with its ratio to target-only at the same level, mean
@@ -26,6 +28,9 @@ import argparse
 import json
 import statistics
 import sys
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -76,6 +81,10 @@ def _parse_args(argv) -> argparse.Namespace:
                         "successive rounds share one prefill, or 'auto' (while waiting costs less than a prefill); the "
                         "same for every method; comma-separated values run every method at each, as 'METHOD wait=N' "
                         "rows (default: %(default)s)")
+    parser.add_argument("--interleave", default="steps", choices=("steps", "passes"),
+                        help="steps: every method's closed loop runs one engine step in turn, each timed on its own "
+                        "clock, so that the host's drift hits all methods alike (a step is 0.05-0.5 s); passes: one "
+                        "method's whole pass after another (default: %(default)s)")
     parser.add_argument("--output_dir", required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=2,
@@ -106,69 +115,146 @@ def request_budgets(max_new_tokens: int, range_ratio: float, num_requests: int, 
     return torch.randint(low, high + 1, (num_requests,), generator=generator).tolist()
 
 
-def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: int, num_requests: int,
-              max_new_tokens: int | list[int]) -> dict:
-    """Runs one closed loop; returns throughput, per-request speeds and tau. `max_new_tokens`: one budget for every
-    request, or each request's in order ([`request_budgets`]).
+class StepClock:
+    """A clock that runs only while its engine steps (`with clock.running(): ...`), frozen in between.
+
+    Closed loops of several methods run step by step in turn ([`run_level_interleaved`]); each engine reads its own
+    clock (arrival, finish, the drafting and step times its policy learns from), so that a method's time is the time
+    of its own forwards, and the others' steps in between do not count. `timer`: the underlying clock (seconds)."""
+
+    def __init__(self, timer: Callable[[], float] = time.perf_counter):
+        self.timer = timer
+        self._paused_at: float | None = timer()
+        self._paused_seconds = 0.0
+
+    def __call__(self) -> float:
+        now = self.timer() if self._paused_at is None else self._paused_at
+        return now - self._paused_seconds
+
+    @contextmanager
+    def running(self):
+        self._paused_seconds += self.timer() - self._paused_at
+        self._paused_at = None
+        try:
+            yield self
+        finally:
+            self._paused_at = self.timer()
+
+
+class ClosedLoop:
+    """One closed loop over an engine: `concurrency` requests in flight (a finished request is replaced by the next
+    prompt at the following round) until `num_requests` have finished; `step()` runs one engine step, `result()`
+    summarizes. `max_new_tokens`: one budget for every request, or each request's in order ([`request_budgets`]).
 
     Two throughputs: over the whole run, and over the steps at full load (the engine holding `concurrency` requests;
     admission included). Once the queue is empty the loop drains: fewer rows per step, and how long that tail lasts
     depends on how unevenly requests finish, not on the speed at load c. Target-only decoding finishes equal-length
     requests together (no tail); speculative rows finish apart, so with few requests per level the whole-run figure
     mixes in a tail run at lower concurrency. The full-load figure is the throughput *at* concurrency c."""
-    queue = iter(prompts * (num_requests // max(len(prompts), 1) + 1))
-    budgets = [max_new_tokens] * num_requests if isinstance(max_new_tokens, int) else list(max_new_tokens)
-    requests, full_rows = [], min(concurrency, num_requests)
-    start = engine.clock()
-    while len(requests) < full_rows:
-        requests.append(engine.add_request(next(queue), budgets[len(requests)]))
-    finished = []
-    full_tokens, full_seconds, full_steps, steps = 0, 0.0, 0, 0
-    while engine.active or engine.waiting:
-        before = sum(len(r.output_ids) for r in requests)
+
+    def __init__(self, engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: int, num_requests: int,
+                 max_new_tokens: int | list[int]):
+        self.engine, self.concurrency, self.num_requests = engine, concurrency, num_requests
+        self._queue = iter(prompts * (num_requests // max(len(prompts), 1) + 1))
+        self._budgets = [max_new_tokens] * num_requests if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        self.requests: list = []
+        self.finished: list = []
+        self._full_rows = min(concurrency, num_requests)
+        self._start = engine.clock()
+        while len(self.requests) < self._full_rows:
+            self._add()
+        self.full_tokens, self.full_seconds, self.full_steps, self.steps = 0, 0.0, 0, 0
+
+    @property
+    def done(self) -> bool:
+        return not (self.engine.active or self.engine.waiting)
+
+    def _add(self) -> None:
+        self.requests.append(self.engine.add_request(next(self._queue), self._budgets[len(self.requests)]))
+
+    def step(self) -> None:
+        engine = self.engine
+        before = sum(len(r.output_ids) for r in self.requests)
         # all c requests in the engine, decoding or waiting (held back by `admission_wait_rounds`, or admitted now)
-        full = sum(not r.finished for r in engine.active) + len(engine.waiting) == full_rows
+        full = sum(not r.finished for r in engine.active) + len(engine.waiting) == self._full_rows
         step_start = engine.clock()
         done = engine.step()
         step_seconds = engine.clock() - step_start
-        steps += 1
+        self.steps += 1
         if full:
-            full_tokens += sum(len(r.output_ids) for r in requests) - before
-            full_seconds += step_seconds
-            full_steps += 1
-        finished += done
+            self.full_tokens += sum(len(r.output_ids) for r in self.requests) - before
+            self.full_seconds += step_seconds
+            self.full_steps += 1
+        self.finished += done
         for _ in done:
-            if len(requests) < num_requests:
-                requests.append(engine.add_request(next(queue), budgets[len(requests)]))
-    elapsed = engine.clock() - start
-    tokens = sum(len(r.output_ids) for r in finished)
-    per_request = [len(r.output_ids) / (r.finish_time - r.arrival_time) for r in finished]
-    rounds = [rnd for r in finished for rnd in (r.stats.rounds if r.stats else [])]
-    return {
-        "concurrency": concurrency,
-        "requests": len(finished),
-        "tokens": tokens,
-        "seconds": elapsed,
-        "throughput_tok_s": tokens / elapsed,
-        "full_load_tokens": full_tokens,
-        "full_load_seconds": full_seconds,
-        "full_load_throughput_tok_s": full_tokens / full_seconds if full_seconds else 0.0,
-        "full_load_steps": full_steps,
-        "steps": steps,
-        "per_request_tok_s": sum(per_request) / len(per_request),
-        "tau": (sum(r.accepted for r in rounds) + len(rounds)) / len(rounds) if rounds else 1.0,
-        "mean_verified": sum(r.verified for r in rounds) / len(rounds) if rounds else 0.0,
-        "rounds": len(rounds),
-        "skipped_rounds": sum(not r.drafted for r in rounds),
-        "lookup_rounds": sum(r.source == "lookup" for r in rounds),
-        # the engine's own timings at full load (a cost model's inputs; `pool_passes` keeps their medians)
-        "full_load_step_seconds": [(width, seconds) for rows, width, seconds in engine.step_timings
-                                   if rows == full_rows],
-        "full_load_draft_seconds": [seconds for rows, seconds in engine.draft_timings if rows == full_rows],
-        "admissions": [list(timing) for timing in engine.admit_timings],
-        "prompt_ids": [list(r.prompt_ids) for r in requests],  # in admission order, the same in every method
-        "outputs": [list(r.output_ids) for r in requests],
-    }
+            if len(self.requests) < self.num_requests:
+                self._add()
+        if self.done:
+            self._elapsed = engine.clock() - self._start
+
+    def result(self) -> dict:
+        engine, finished = self.engine, self.finished
+        tokens = sum(len(r.output_ids) for r in finished)
+        per_request = [len(r.output_ids) / (r.finish_time - r.arrival_time) for r in finished]
+        rounds = [rnd for r in finished for rnd in (r.stats.rounds if r.stats else [])]
+        full_rows = self._full_rows
+        return {
+            "concurrency": self.concurrency,
+            "requests": len(finished),
+            "tokens": tokens,
+            "seconds": self._elapsed,
+            "throughput_tok_s": tokens / self._elapsed,
+            "full_load_tokens": self.full_tokens,
+            "full_load_seconds": self.full_seconds,
+            "full_load_throughput_tok_s": self.full_tokens / self.full_seconds if self.full_seconds else 0.0,
+            "full_load_steps": self.full_steps,
+            "steps": self.steps,
+            "per_request_tok_s": sum(per_request) / len(per_request),
+            "tau": (sum(r.accepted for r in rounds) + len(rounds)) / len(rounds) if rounds else 1.0,
+            "mean_verified": sum(r.verified for r in rounds) / len(rounds) if rounds else 0.0,
+            "rounds": len(rounds),
+            "skipped_rounds": sum(not r.drafted for r in rounds),
+            "lookup_rounds": sum(r.source == "lookup" for r in rounds),
+            # the engine's own timings at full load (a cost model's inputs; `pool_passes` keeps their medians)
+            "full_load_step_seconds": [(width, seconds) for rows, width, seconds in engine.step_timings
+                                       if rows == full_rows],
+            "full_load_draft_seconds": [seconds for rows, seconds in engine.draft_timings if rows == full_rows],
+            "admissions": [list(timing) for timing in engine.admit_timings],
+            "prompt_ids": [list(r.prompt_ids) for r in self.requests],  # in admission order, the same in every method
+            "outputs": [list(r.output_ids) for r in self.requests],
+        }
+
+
+def run_level(engine: DSparkBatchEngine, prompts: list[list[int]], concurrency: int, num_requests: int,
+              max_new_tokens: int | list[int]) -> dict:
+    """Runs one closed loop ([`ClosedLoop`]) to the end; returns throughput, per-request speeds and tau."""
+    loop = ClosedLoop(engine, prompts, concurrency, num_requests, max_new_tokens)
+    while not loop.done:
+        loop.step()
+    return loop.result()
+
+
+def run_level_interleaved(engines: list[DSparkBatchEngine], prompts: list[list[int]], concurrency: int,
+                          num_requests: int, max_new_tokens: int | list[int], rotation: int = 0) -> list[dict]:
+    """One closed loop per engine ([`ClosedLoop`], same requests), run step by step in turn; returns their results.
+
+    On a shared CPU whose speed drifts by tens of percent within seconds, methods timed one after another meet
+    different machines; stepped in turn (a step is 0.05-0.5 s), they meet the same one. Each engine runs on its own
+    [`StepClock`], which counts only its own steps. The order rotates every round (starting at `rotation`), so no
+    method always follows the same one."""
+    loops = []
+    for engine in engines:
+        engine.clock = StepClock()
+        loops.append(ClosedLoop(engine, prompts, concurrency, num_requests, max_new_tokens))
+    turn = rotation
+    while not all(loop.done for loop in loops):
+        start = turn % len(loops)
+        for loop in loops[start:] + loops[:start]:
+            if not loop.done:
+                with loop.engine.clock.running():
+                    loop.step()
+        turn += 1
+    return [loop.result() for loop in loops]
 
 
 def level_exactness(target, reference_passes: list[dict], passes: list[dict]) -> dict:
@@ -333,8 +419,14 @@ def main(argv=None) -> int:
         budgets = request_budgets(args.max_new_tokens, args.random_range_ratio, num_requests, args.seed + level)
         passes: dict[str, list[dict]] = {name: [] for name, _ in engines}
         for repeat in range(args.repeats):
-            # interleaved per level and rotated per pass, so drift and ordering hit every method alike
+            # rotated per pass, so drift and ordering hit every method alike
             rotation = repeat % len(engines)
+            if args.interleave == "steps":
+                rows = run_level_interleaved([make_engine() for _, make_engine in engines], prompts, level,
+                                             num_requests, budgets, rotation)
+                for (name, _), row in zip(engines, rows):
+                    passes[name].append(row)
+                continue
             for name, make_engine in engines[rotation:] + engines[:rotation]:
                 passes[name].append(run_level(make_engine(), prompts, level, num_requests, budgets))
         baseline = pool_passes(passes["target"]) if passes.get("target") else None
