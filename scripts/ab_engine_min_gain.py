@@ -32,15 +32,8 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 PROFILE = Path(__file__).resolve().parents[1] / "benchmarks/results/smollm2-load-stage7-bf16/bf16-profile.json"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", type=int, nargs="+", default=[8, 16, 32])
-    parser.add_argument("--min_gains", type=float, nargs="+", default=[0.0, 0.1, 0.2])
-    parser.add_argument("--max_new_tokens", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--sps", type=Path, default=PROFILE)
-    parser.add_argument("--output", type=Path, required=True)
-    args = parser.parse_args()
+def load_models():
+    """The embedded default in bf16 where native, with bench-load's prompts (gsm8k, then humaneval) tokenized."""
     torch.manual_seed(0)
     target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype("auto"))
     drafter = DSparkDrafter.from_pretrained(EMBEDDED_DRAFTERS[DEFAULT_TARGET], target=target,
@@ -48,16 +41,20 @@ def main() -> None:
     files = [SHARED / "data/eval/gsm8k.jsonl", SHARED / "data/eval/humaneval.jsonl"]
     prompts = [tokenizer(render_conversation(tokenizer, p.turns[:1], []), add_special_tokens=False)["input_ids"]
                for p in load_prompts([str(f) for f in files])]
+    return target, drafter, tokenizer, prompts
+
+
+def run_ab(variants: dict[str, HardwareAwarePolicy], args) -> None:
+    """Target-only and the hardware-aware engine with each policy of `variants`, stepped in turn at `args.levels`
+    (`args.repeats` passes, rotated), pooled like bench-load; prints and writes `args.output` (JSON)."""
+    target, drafter, tokenizer, prompts = load_models()
     common = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id or 0}
     by_rows = load_speed_tables(args.sps)
-    # one policy per margin for the whole run, as bench-load keeps one per method (its step timings carry over)
-    policies = {gain: HardwareAwarePolicy(str(args.sps), engine_min_gain=gain) for gain in args.min_gains}
 
     def engines():
         return [("target", DSparkBatchEngine(target, None, **common))] + [
-            (f"hardware_aware min_gain={gain}", DSparkBatchEngine(target, drafter, policy=policy,
-                                                                  steps_per_second_by_rows=by_rows, **common))
-            for gain, policy in policies.items()]
+            (name, DSparkBatchEngine(target, drafter, policy=policy, steps_per_second_by_rows=by_rows, **common))
+            for name, policy in variants.items()]
 
     results = []
     for level in args.levels:
@@ -83,6 +80,25 @@ def main() -> None:
                 "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                 "results": results}
     args.output.write_text(json.dumps(document, indent=2) + "\n")
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", type=int, nargs="+", default=[8, 16, 32])
+    parser.add_argument("--max_new_tokens", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--sps", type=Path, default=PROFILE)
+    parser.add_argument("--output", type=Path, required=True)
+    return parser
+
+
+def main() -> None:
+    arguments = parser(__doc__)
+    arguments.add_argument("--min_gains", type=float, nargs="+", default=[0.0, 0.1, 0.2])
+    args = arguments.parse_args()
+    # one policy per margin for the whole run, as bench-load keeps one per method (its step timings carry over)
+    run_ab({f"hardware_aware min_gain={gain}": HardwareAwarePolicy(str(args.sps), engine_min_gain=gain)
+            for gain in args.min_gains}, args)
 
 
 if __name__ == "__main__":
