@@ -505,6 +505,21 @@ def test_plan_verification_width_margin_over_plain_decoding():
         HardwareAwarePolicy({1: 1.0}, engine_min_gain=-0.1)
 
 
+def test_speed_model_reads_wide_steps_relative_to_plain_decoding():
+    speeds = HardwareAwarePolicy({1: 10.0, 2: 8.0}).speed_model
+    profiled = {1: 10.0, 2: 8.0}.get
+    speeds.record_step_seconds(0.1, rows=8, width=1)
+    speeds.record_step_seconds(0.2, rows=8, width=2)  # timed once: twice a plain step
+    assert speeds.measured_speed(8, 2, profiled) == pytest.approx(5.0)
+    for _ in range(15):  # contexts grew (or the host slowed): plain steps now take 0.15 s
+        speeds.record_step_seconds(0.15, rows=8, width=1)
+    # the width not run since is expected to have slowed alike, not to cost what it did rounds ago
+    assert speeds.measured_speed(8, 2, profiled) == pytest.approx(1 / 0.3)
+    assert speeds.step_seconds[(8, 2)] == 0.2  # what was measured stays on record
+    speeds.record_step_seconds(0.15, rows=4, width=2)  # no plain step timed at 4 rows: the time as measured
+    assert speeds.measured_speed(4, 2, profiled) == pytest.approx(1 / 0.15)
+
+
 def test_speed_model_prefers_measured_step_speeds():
     policy = HardwareAwarePolicy({1: 10.0, 2: 8.0}).speed_model
     profiled = {1: 10.0, 2: 8.0, 3: 6.0}.get

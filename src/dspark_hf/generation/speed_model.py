@@ -5,6 +5,12 @@ A profile is measured once, at one context length, on an idle machine; the steps
 with holes, other load) can cost markedly more, and not uniformly across widths. Measured sizes replace the profile's
 guess, so a plan that does not pay on the live machine stops being chosen.
 
+Wide steps are kept relative to plain decoding: a width the policy runs rarely was timed rounds ago, on shorter
+contexts and perhaps another load, while plain steps are timed nearly every round under load. So a wide step's time
+is stored as its ratio to the plain step of its row count at that moment, and read back as that ratio times the
+current plain step. (Absolute medians of rarely run widths made plans under load optimistic: at 32 rows and 256-token
+contexts a width-3 step was expected to take 210 ms and took 234, and the round lost against two plain steps.)
+
 ```python
 >>> from dspark_hf.generation.speed_model import SpeedModel
 >>> model = SpeedModel({1: 10.0, 2: 8.0})
@@ -28,6 +34,9 @@ from ..scheduling import StepsPerSecondCurve
 # Timings kept per size: the model reads their median, so it follows the machine's load within a few steps while one
 # slow step (a cache reallocation, a compaction, another process) moves nothing.
 WINDOW = 5
+# Plain steps run nearly every round under load, and every wide step is read relative to them: a longer window, so
+# that one noisy plain estimate does not make drafting look cheap.
+PLAIN_WINDOW = 15
 
 
 def batch_speed_table(by_rows: Mapping[int, Mapping[int, float]], rows: int) -> Callable[[int], float | None]:
@@ -56,7 +65,8 @@ class SpeedModel:
         self.draft_seconds = draft_seconds
         self._draft_seconds: dict[int, float] = {}  # rows -> median of recent drafting passes
         self._step_seconds: dict[tuple[int, int], float] = {}  # (rows, width) -> median of recent steps
-        self._timings: dict[object, deque] = {}  # the recent timings behind both
+        self._relative: dict[tuple[int, int], float] = {}  # (rows, width > 1) -> median of recent steps / plain step
+        self._timings: dict[object, deque] = {}  # the recent timings behind them
 
     @property
     def step_seconds(self) -> dict[tuple[int, int], float]:
@@ -67,6 +77,7 @@ class SpeedModel:
         """Drops every measurement (the profile stays)."""
         self._draft_seconds.clear()
         self._step_seconds.clear()
+        self._relative.clear()
         self._timings.clear()
 
     def record_draft_seconds(self, seconds: float, rows: int = 1) -> None:
@@ -75,11 +86,15 @@ class SpeedModel:
 
     def record_step_seconds(self, seconds: float, rows: int, width: int) -> None:
         """Receives the wall time of a verification step of `rows` rows verifying `width` tokens each."""
-        self._step_seconds[(rows, width)] = self._recent_median((rows, width), seconds)
+        self._step_seconds[(rows, width)] = self._recent_median((rows, width), seconds,
+                                                                PLAIN_WINDOW if width == 1 else WINDOW)
+        plain = self._step_seconds.get((rows, 1))
+        if width > 1 and plain:
+            self._relative[(rows, width)] = self._recent_median(("relative", rows, width), seconds / plain)
 
-    def _recent_median(self, key, seconds: float) -> float:
-        recent = self._timings.setdefault(key, deque(maxlen=WINDOW))
-        recent.append(seconds)
+    def _recent_median(self, key, value: float, window: int = WINDOW) -> float:
+        recent = self._timings.setdefault(key, deque(maxlen=window))
+        recent.append(value)
         return statistics.median(recent)
 
     def has_step(self, rows: int, width: int) -> bool:
@@ -99,13 +114,17 @@ class SpeedModel:
         return self._draft_seconds[nearest] * rows / nearest
 
     def measured_speed(self, rows: int, width: int, profiled: Callable[[int], float | None]) -> float | None:
-        """Steps per second of a (rows, width) step: measured when this size has run, else the profile `profiled(width)`
-        scaled by how much faster or slower than profiled this many rows decode now (`None` past the profile)."""
+        """Steps per second of a (rows, width) step: measured when this size has run (a wide step as its measured ratio
+        to plain decoding times plain decoding's current time), else the profile `profiled(width)` scaled by how much
+        faster or slower than profiled this many rows decode now (`None` past the profile)."""
+        base, relative = self._step_seconds.get((rows, 1)), self._relative.get((rows, width))
+        if relative is not None and base is not None:
+            return 1.0 / (relative * base)
         measured = self._step_seconds.get((rows, width))
         if measured is not None:
             return 1.0 / measured
         speed = profiled(width)
-        base, profiled_base = self._step_seconds.get((rows, 1)), profiled(1)
+        profiled_base = profiled(1)
         if speed is None or base is None or not profiled_base:
             return speed
         return speed * (1.0 / base) / profiled_base
