@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from dspark_hf.benchmarks.bench import machine_info, version_info
-from dspark_hf.benchmarks.bench_load import pool_passes, run_level_interleaved
+from dspark_hf.benchmarks.bench_load import pooled_rows, run_passes
 from dspark_hf.benchmarks.prompts import load_prompts, render_conversation
 from dspark_hf.generation.batched import DSparkBatchEngine
 from dspark_hf.generation.policies import HardwareAwarePolicy
@@ -50,29 +50,16 @@ def run_ab(variants: dict[str, HardwareAwarePolicy], args) -> None:
     target, drafter, tokenizer, prompts = load_models()
     common = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id or 0}
     by_rows = load_speed_tables(args.sps)
-
-    def engines():
-        return [("target", DSparkBatchEngine(target, None, **common))] + [
-            (name, DSparkBatchEngine(target, drafter, policy=policy, steps_per_second_by_rows=by_rows, **common))
-            for name, policy in variants.items()]
-
+    engines = [("target", lambda: DSparkBatchEngine(target, None, **common))] + [
+        (name, lambda policy=policy: DSparkBatchEngine(target, drafter, policy=policy,
+                                                       steps_per_second_by_rows=by_rows, **common))
+        for name, policy in variants.items()]
     results = []
     for level in args.levels:
-        passes: dict[str, list[dict]] = {}
-        for repeat in range(args.repeats):
-            named = engines()
-            rows = run_level_interleaved([engine for _, engine in named], prompts, level, max(2 * level, 8),
-                                         args.max_new_tokens, rotation=repeat)
-            for (name, _), row in zip(named, rows):
-                passes.setdefault(name, []).append(row)
-        baseline = pool_passes(passes["target"])
-        for name, runs in passes.items():
-            row = pool_passes(runs)
-            row.update(method=name, full_load_vs_target=row["full_load_throughput_tok_s"]
-                       / baseline["full_load_throughput_tok_s"],
-                       throughput_vs_target=row["throughput_tok_s"] / baseline["throughput_tok_s"])
+        passes = run_passes(engines, prompts, level, max(2 * level, 8), args.max_new_tokens, args.repeats)
+        for row in pooled_rows(passes):
             results.append(row)
-            print(f"c={level:>3} {name:>28}: {row['full_load_vs_target']:.3f}x at full load, "
+            print(f"c={level:>3} {row['method']:>28}: {row['full_load_vs_target']:.3f}x at full load, "
                   f"{row['throughput_vs_target']:.3f}x whole run, tau {row['tau']:.2f}, "
                   f"{row['skipped_rounds']}/{row['rounds']} rounds without drafter", flush=True)
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -56,9 +56,9 @@ def main() -> None:
     print("| requests | method | vs target | full-load s | plain steps (ms, vs target's) | drafted steps (cost in "
           "target plain steps) | drafting passes (cost) | tau of drafted rounds | admissions (s) | unexplained s |")
     print("|---:|---|---:|---:|---|---|---|---:|---|---:|")
+    fmt = lambda value, spec: "-" if value is None else format(value, spec)  # noqa: E731
     for row in results:
         b = breakdown(row, plain.get(row["concurrency"]))
-        fmt = lambda value, spec: "-" if value is None else format(value, spec)  # noqa: E731
         print(f"| {row['concurrency']} | {row['method']} | {row.get('full_load_vs_target', 1.0):.3f}x | "
               f"{b['full_load_seconds']:.1f} | {b['plain_steps']} ({b['plain_step_ms']:.0f} ms, "
               f"{fmt(b['plain_step_vs_target'], '.3f')}x) | {b['drafted_steps']} "

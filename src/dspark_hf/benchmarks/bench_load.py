@@ -257,6 +257,41 @@ def run_level_interleaved(engines: list[DSparkBatchEngine], prompts: list[list[i
     return [loop.result() for loop in loops]
 
 
+def run_passes(engines: list[tuple[str, Callable[[], DSparkBatchEngine]]], prompts: list[list[int]],
+               concurrency: int, num_requests: int, max_new_tokens: int | list[int], repeats: int,
+               interleave: str = "steps") -> dict[str, list[dict]]:
+    """`repeats` passes of every method's closed loop at one level, each on a fresh engine from its factory; returns
+    each method's pass results by name. The order rotates per pass, so drift and ordering hit every method alike;
+    `interleave="steps"` runs the loops of a pass step by step in turn ([`run_level_interleaved`]), `"passes"` one
+    after another."""
+    passes: dict[str, list[dict]] = {name: [] for name, _ in engines}
+    for repeat in range(repeats):
+        rotation = repeat % len(engines)
+        if interleave == "steps":
+            rows = run_level_interleaved([make_engine() for _, make_engine in engines], prompts, concurrency,
+                                         num_requests, max_new_tokens, rotation)
+            for (name, _), row in zip(engines, rows):
+                passes[name].append(row)
+            continue
+        for name, make_engine in engines[rotation:] + engines[:rotation]:
+            passes[name].append(run_level(make_engine(), prompts, concurrency, num_requests, max_new_tokens))
+    return passes
+
+
+def pooled_rows(passes: dict[str, list[dict]]) -> list[dict]:
+    """One row per method of a level: its passes pooled ([`pool_passes`]) under `method`, with its throughput ratios
+    to target-only's (`throughput_vs_target`, `full_load_vs_target`) where the level ran `target`."""
+    baseline = pool_passes(passes["target"]) if passes.get("target") else None
+    rows = []
+    for name, runs in passes.items():
+        row = {"method": name, **pool_passes(runs)}
+        if baseline:
+            row["throughput_vs_target"] = row["throughput_tok_s"] / baseline["throughput_tok_s"]
+            row["full_load_vs_target"] = row["full_load_throughput_tok_s"] / baseline["full_load_throughput_tok_s"]
+        rows.append(row)
+    return rows
+
+
 def level_exactness(target, reference_passes: list[dict], passes: list[dict]) -> dict:
     """Each request's output against target-only's for the same request in the same pass (rows of [`run_level`]):
     `identical` of `identical_of` requests, and where the others first part, the target's top-1/top-2 logit margin
@@ -417,27 +452,11 @@ def main(argv=None) -> int:
     for level in tqdm(levels, desc="bench-load"):
         num_requests = args.requests or max(2 * level, 8)
         budgets = request_budgets(args.max_new_tokens, args.random_range_ratio, num_requests, args.seed + level)
-        passes: dict[str, list[dict]] = {name: [] for name, _ in engines}
-        for repeat in range(args.repeats):
-            # rotated per pass, so drift and ordering hit every method alike
-            rotation = repeat % len(engines)
-            if args.interleave == "steps":
-                rows = run_level_interleaved([make_engine() for _, make_engine in engines], prompts, level,
-                                             num_requests, budgets, rotation)
-                for (name, _), row in zip(engines, rows):
-                    passes[name].append(row)
-                continue
-            for name, make_engine in engines[rotation:] + engines[:rotation]:
-                passes[name].append(run_level(make_engine(), prompts, level, num_requests, budgets))
-        baseline = pool_passes(passes["target"]) if passes.get("target") else None
-        for name, _ in engines:
-            row = {"method": name, **pool_passes(passes[name])}
-            if baseline:
-                row["throughput_vs_target"] = row["throughput_tok_s"] / baseline["throughput_tok_s"]
-                row["full_load_vs_target"] = (row["full_load_throughput_tok_s"]
-                                              / baseline["full_load_throughput_tok_s"])
-                if name != "target":
-                    row.update(level_exactness(target, passes["target"], passes[name]))
+        passes = run_passes(engines, prompts, level, num_requests, budgets, args.repeats, args.interleave)
+        for row in pooled_rows(passes):
+            name = row["method"]
+            if name != "target" and "target" in passes:
+                row.update(level_exactness(target, passes["target"], passes[name]))
             results.append(row)
             tqdm.write(f"c={level:>3} {name:>15}: {row['full_load_throughput_tok_s']:7.2f} tok/s at full load "
                        f"({row.get('full_load_vs_target', 1.0):.3f}x target), whole run {row['throughput_tok_s']:7.2f} "
