@@ -44,16 +44,19 @@ def load_models():
     return target, drafter, tokenizer, prompts
 
 
-def run_ab(variants: dict[str, HardwareAwarePolicy], args) -> None:
-    """Target-only and the hardware-aware engine with each policy of `variants`, stepped in turn at `args.levels`
-    (`args.repeats` passes, rotated), pooled like bench-load; prints and writes `args.output` (JSON)."""
+def run_ab(variants: dict[str, HardwareAwarePolicy | tuple[HardwareAwarePolicy, type]], args) -> None:
+    """Target-only and the hardware-aware engine with each policy of `variants` (or `(policy, engine class)`),
+    stepped in turn at `args.levels` (`args.repeats` passes, rotated), pooled like bench-load; prints and writes
+    `args.output` (JSON)."""
     target, drafter, tokenizer, prompts = load_models()
     common = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id or 0}
     by_rows = load_speed_tables(args.sps)
+    variants = {name: value if isinstance(value, tuple) else (value, DSparkBatchEngine)
+                for name, value in variants.items()}
     engines = [("target", lambda: DSparkBatchEngine(target, None, **common))] + [
-        (name, lambda policy=policy: DSparkBatchEngine(target, drafter, policy=policy,
-                                                       steps_per_second_by_rows=by_rows, **common))
-        for name, policy in variants.items()]
+        (name, lambda policy=policy, engine=engine: engine(target, drafter, policy=policy,
+                                                           steps_per_second_by_rows=by_rows, **common))
+        for name, (policy, engine) in variants.items()]
     results = []
     for level in args.levels:
         passes = run_passes(engines, prompts, level, max(2 * level, 8), args.max_new_tokens, args.repeats)

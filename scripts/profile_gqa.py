@@ -1,13 +1,18 @@
 """Native grouped-query attention (`dspark_hf.generation.gqa`) on and off, interleaved in one process:
 
 1. one target forward of `width` new tokens per row over a 250-token left-padded cache, for each row count and width
-   (median of `--repeats` per setting, the two settings alternating), and whether the logits are bitwise equal;
+   (median of `--repeats` per setting, the settings alternating), and whether the logits are bitwise equal; with
+   `--packed`, a third setting: native GQA with packed query heads (`gqa.packed_gqa`, as the batched engine runs
+   forwards of 2-8 tokens per row);
 2. batch-1 `generate` with the embedded drafter (`--policy`, default the full block; 128 new tokens, 3 gsm8k + 3
    humaneval prompts), tokens/s with the switch on and off, alternating prompt by prompt (the outputs must be equal).
 
     python scripts/profile_gqa.py --output benchmarks/results/gqa/gqa.json
     # the forwards at the engine's row counts and widths only (`scripts/sim_engine_gqa.py` reads them)
     python scripts/profile_gqa.py --rows 8 16 32 --widths 2 3 4 5 6 7 8 --skip_generation --output ...
+    # packed query heads as well
+    python scripts/profile_gqa.py --rows 1 8 16 32 --widths 2 3 4 6 8 --packed --skip_generation \
+        --output benchmarks/results/gqa/packed.json
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ def switch(on: bool) -> None:
     gqa.wanted = ALWAYS_WANTED if on else (lambda device, num_new_tokens: False)
 
 
-def forward_case(target, rows: int, width: int, repeats: int, context: int = 250) -> dict:
+def forward_case(target, rows: int, width: int, repeats: int, context: int = 250, packed: bool = False) -> dict:
     generator = torch.Generator().manual_seed(rows * 100 + width)
     ids = torch.randint(100, 20000, (rows, context), generator=generator)
     mask = torch.ones(rows, context, dtype=torch.long)
@@ -46,23 +51,34 @@ def forward_case(target, rows: int, width: int, repeats: int, context: int = 250
     new = torch.randint(100, 20000, (rows, width), generator=generator)
     new_mask = torch.cat([mask, torch.ones(rows, width, dtype=torch.long)], dim=1)
 
-    def forward(on: bool):
+    def forward(setting):
         if cache.get_seq_length() > context:
             cache.crop(context - cache.get_seq_length())
-        with gqa.native_gqa(target.device, width) if on else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if setting:
+                stack.enter_context(gqa.native_gqa(target.device, width))
+            if setting == "packed":
+                stack.enter_context(gqa.packed_gqa(target, width))
             start = time.perf_counter()
             logits = target(input_ids=new, attention_mask=new_mask, cache=cache).logits
             return time.perf_counter() - start, logits
 
-    times, logits = {True: [], False: []}, {}
-    for on in (True, False):
-        forward(on)  # warm-up
+    settings = [True, False] + (["packed"] if packed else [])
+    times, logits = {setting: [] for setting in settings}, {}
+    for setting in settings:
+        forward(setting)  # warm-up
     for _ in range(repeats):
-        for on in (True, False):
-            seconds, logits[on] = forward(on)
-            times[on].append(seconds)
-    return {"rows": rows, "width": width, "native_ms": 1e3 * statistics.median(times[True]),
+        for setting in settings:
+            seconds, logits[setting] = forward(setting)
+            times[setting].append(seconds)
+    case = {"rows": rows, "width": width, "native_ms": 1e3 * statistics.median(times[True]),
             "copied_ms": 1e3 * statistics.median(times[False]), "bitwise_equal": torch.equal(logits[True], logits[False])}
+    if packed:
+        case.update(packed_ms=1e3 * statistics.median(times["packed"]),
+                    packed_bitwise_equal=torch.equal(logits["packed"], logits[True]),
+                    packed_max_abs_difference=float((logits["packed"].float() - logits[True].float()).abs().max()),
+                    packed_argmax_equal=torch.equal(logits["packed"].argmax(-1), logits[True].argmax(-1)))
+    return case
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,13 +90,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max_new_tokens", type=int, default=128)
     parser.add_argument("--policy", default="full", help="the drafter's verification policy in part 2")
     parser.add_argument("--prompt_lookup_num_tokens", type=int, default=0, help="prompt lookup inside rounds (part 2)")
+    parser.add_argument("--packed", action="store_true", help="part 1 with packed query heads as a third setting")
     parser.add_argument("--skip_forwards", action="store_true", help="part 2 only")
     parser.add_argument("--skip_generation", action="store_true", help="part 1 only")
     parser.add_argument("--output", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype(args.target_dtype))
-    forwards = [] if args.skip_forwards else [forward_case(target, rows, width, args.repeats) for rows in args.rows
+    forwards = [] if args.skip_forwards else [forward_case(target, rows, width, args.repeats, packed=args.packed)
+                                              for rows in args.rows
                                               for width in args.widths]
     for case in forwards:
         print(case)

@@ -110,3 +110,110 @@ def test_an_error_inside_generate_leaves_nothing_behind(monkeypatch):
         target.generate(torch.tensor([[5, 17, 33, 8, 41]]), assistant_model=drafter, do_sample=False,
                         max_new_tokens=12, pad_token_id=0)  # fmt: skip
     assert gqa.FORCE_GQA not in os.environ
+
+
+def _cached_step(target, width: int):
+    """A left-padded 2-row cache and a forward of `width` new tokens per row over it: (logits, run again)."""
+    prompt = torch.tensor([[0, 0, 5, 17, 33, 8, 2, 3], [9, 12, 60, 61, 62, 63, 64, 65]])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
+    cache = DynamicCache(config=target.config)
+    target(input_ids=prompt, attention_mask=mask, cache=cache, use_cache=True)
+    new = torch.randint(1, 90, (2, width), generator=torch.Generator().manual_seed(width))
+    new_mask = torch.cat([mask, torch.ones(2, width, dtype=mask.dtype)], dim=1)
+    new_mask[0, -1] = 0  # a hole among the new slots, as a shorter draft leaves
+    positions = torch.tensor([[6], [8]]) + torch.arange(width)
+
+    def forward():
+        logits = target(input_ids=new, attention_mask=new_mask, position_ids=positions, cache=cache).logits
+        cache.crop(-width)
+        return logits
+
+    return forward
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("width", [2, 5, 8])
+def test_packed_query_heads_give_the_same_logits(width):
+    target = make_target("llama", hidden_size=48, num_attention_heads=6, num_key_value_heads=2).to(torch.bfloat16)
+    forward = _cached_step(target, width)
+    copied = forward()
+    with gqa.packed_gqa(target, width):
+        assert target.config._attn_implementation == gqa.PACKED
+        packed = forward()
+    assert target.config._attn_implementation == "sdpa"
+    torch.testing.assert_close(packed, copied, atol=2e-2, rtol=2e-2)  # bf16 rounding (bitwise on the CPUs measured)
+    assert torch.equal(packed.argmax(-1), copied.argmax(-1))
+
+
+@torch.no_grad()
+def test_the_packed_implementation_itself_matches_in_float32():
+    """The packing is exact arithmetic (each query row attends alone): float32 agrees to float32 rounding."""
+    target = make_target("llama", hidden_size=48, num_attention_heads=6, num_key_value_heads=2)
+    forward = _cached_step(target, 5)
+    copied = forward()
+    target.config._attn_implementation = gqa.PACKED
+    try:
+        packed = forward()
+    finally:
+        target.config._attn_implementation = "sdpa"
+    torch.testing.assert_close(packed, copied, atol=1e-5, rtol=1e-5)
+
+
+def test_packing_only_for_short_multi_token_half_precision_forwards_of_sdpa_text_models():
+    target = make_target("llama").to(torch.bfloat16)
+    assert gqa.packing_wanted("cpu", 2) and gqa.packing_wanted("cpu", gqa.MAX_PACKED_TOKENS)
+    assert not gqa.packing_wanted("cpu", 1) and not gqa.packing_wanted("cpu", gqa.MAX_PACKED_TOKENS + 1)
+    assert not gqa.packing_wanted("meta", 4) and not gqa.packing_wanted("cpu", 4, torch.float32)
+    with gqa.packed_gqa(target.float(), 4):
+        assert target.config._attn_implementation == "sdpa"
+    target.to(torch.bfloat16)
+    for width in (1, gqa.MAX_PACKED_TOKENS + 1):
+        with gqa.packed_gqa(target, width):
+            assert target.config._attn_implementation == "sdpa"
+    target.set_attn_implementation("eager")
+    with gqa.packed_gqa(target, 4):
+        assert target.config._attn_implementation == "eager"
+    target.set_attn_implementation("sdpa")
+    with pytest.raises(RuntimeError, match="boom"), gqa.packed_gqa(target, 4):
+        raise RuntimeError("boom")
+    assert target.config._attn_implementation == "sdpa"
+
+
+def test_ungrouped_or_unmasked_attention_is_transformers_sdpa():
+    """Without query groups (or a mask to repeat) the packed implementation hands over to transformers' SDPA."""
+    target = make_target("llama", num_attention_heads=4, num_key_value_heads=4).to(torch.bfloat16)
+    forward = _cached_step(target, 3)
+    copied = forward()
+    with gqa.packed_gqa(target, 3):
+        assert torch.equal(forward(), copied)
+
+
+def test_the_batched_engine_packs_its_short_wide_forwards_and_the_drafters_block(monkeypatch):
+    from dspark_hf.generation.batched import DSparkBatchEngine
+
+    target = make_target("llama").to(torch.bfloat16)
+    drafter = make_drafter(target, block_size=4).to(torch.bfloat16)
+    seen, forward = [], target.forward
+    drafted, draft_forward = [], drafter.forward
+
+    def recording(*args, **kwargs):
+        seen.append((kwargs["input_ids"].shape[1], target.config._attn_implementation))
+        return forward(*args, **kwargs)
+
+    def recording_drafter(*args, **kwargs):
+        drafted.append(drafter.config._attn_implementation)
+        return draft_forward(*args, **kwargs)
+
+    prompts = [[5, 17, 33, 8, 41], [9, 12, 60, 61, 62, 70, 71, 72, 73, 74, 75]]
+    monkeypatch.setattr(target, "forward", recording)
+    monkeypatch.setattr(drafter, "forward", recording_drafter)
+    engine = DSparkBatchEngine(target, drafter, policy="full", pad_token_id=0)
+    for prompt in prompts:
+        engine.add_request(prompt, max_new_tokens=12)
+    # (bf16 outputs are compared with one-token decoding by the exactness benchmarks, not here: they may differ
+    # at near-ties, by CPU)
+    assert [len(r.output_ids) for r in engine.run()] == [12, 12]
+    assert {width for width, _ in seen if 1 < width <= gqa.MAX_PACKED_TOKENS}
+    assert all((name == gqa.PACKED) == (1 < width <= gqa.MAX_PACKED_TOKENS) for width, name in seen), seen
+    assert drafted and set(drafted) == {gqa.PACKED}  # the drafter's block of 4
+    assert target.config._attn_implementation == drafter.config._attn_implementation == "sdpa"

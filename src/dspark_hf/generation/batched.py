@@ -27,7 +27,7 @@ from ..modeling_dspark import DSparkDrafter
 from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
 from .drafting import DraftedBlock, block_inputs, pick_tokens, sample_drafts, verify
-from .gqa import native_gqa
+from .gqa import native_gqa, packed_gqa
 from .lookup import MIN_NGRAM, PromptLookup
 from .policies import PlannedWidthPolicy, VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
@@ -267,7 +267,7 @@ class DSparkBatchEngine:
         """Logits (float32) at the last `logits_to_keep` positions (0: all) and the drafter's context features."""
         indices = self._hidden_state_indices()
         kwargs = {"output_hidden_states": indices} if indices else {}
-        with native_gqa(self.device, input_ids.shape[1]):
+        with native_gqa(self.device, input_ids.shape[1]), packed_gqa(self.target, input_ids.shape[1]):
             out = self.target(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids,
                               cache=cache, use_cache=True, logits_to_keep=logits_to_keep, **kwargs)
         features = None
@@ -506,7 +506,7 @@ class DSparkBatchEngine:
         attention = torch.cat([self.slot_mask, self.slot_mask.new_ones(rows, config.block_size)], dim=1)
         attention = attention[:, None, None, :].expand(rows, 1, config.block_size, attention.shape[1])
         device = self.drafter.device
-        with native_gqa(device, config.block_size):
+        with native_gqa(device, config.block_size), packed_gqa(self.drafter, config.block_size):
             out = self.drafter(input_ids=block_ids.to(device), position_ids=positions.to(device),
                                cache=self.draft_cache, attention_mask=attention.to(device), compute_logits=False)
         hidden = out.last_hidden_state
