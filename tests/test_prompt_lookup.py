@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import left_pad, make_drafter, make_target, solo
-from dspark_hf.generation.lookup import PromptLookup, find_continuation
+from dspark_hf.generation.lookup import NgramIndex, PromptLookup, find_continuation, match_continuation
 from dspark_hf.generation.policies import FixedLengthPolicy, HardwareAwarePolicy
 
 
@@ -33,6 +33,35 @@ def test_lookup_drafts_stop_before_eos_and_within_the_budget():
     assert lookup.candidates(ids, budget=5).tolist() == [4, 6]
     assert lookup.candidates(ids, budget=1).tolist() == [4]
     assert PromptLookup(num_tokens=5).candidates(ids, budget=5).tolist() == [4, 6, 2, 7, 8]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=60), st.lists(st.integers(1, 7), min_size=1, max_size=12),
+       st.integers(1, 3), st.integers(1, 4))
+def test_the_incremental_index_matches_what_a_rescan_finds(sequence, chunks, min_ngram, max_ngram):
+    """Grown chunk by chunk (rounds commit 1-8 tokens), the index finds what scanning the whole sequence finds."""
+    index, grown, position = NgramIndex(max_ngram), [], 0
+    for size in chunks * 10:
+        if position >= len(sequence):
+            break
+        chunk, position = sequence[position:position + size], position + size
+        index.extend(chunk)
+        grown += chunk
+        found, ngram = match_continuation(torch.tensor(grown), 4, max_ngram, min_ngram)
+        assert index.match(4, min_ngram) == (found.tolist(), ngram)
+
+
+def test_match_sequence_cuts_at_eos_and_starts_over_for_another_sequence():
+    lookup = PromptLookup(num_tokens=5, max_ngram=3, eos_token_ids=[2])
+    sequence = [5, 6, 7, 2, 8, 1, 5, 6]
+    found, ngram = lookup.match_sequence(sequence, budget=10)
+    assert found.tolist() == [7] and ngram == 2  # "5 6" was followed by 7, then EOS
+    rescanned, rescanned_ngram = lookup.match(torch.tensor(sequence), 10)
+    assert rescanned.tolist() == [7] and rescanned_ngram == 2
+    found, ngram = lookup.match_sequence(sequence + [9, 5, 6], budget=1)
+    assert found.tolist() == [9] and ngram == 2
+    assert lookup.match_sequence([1, 3, 4, 1, 3], budget=4)[0].tolist() == [4, 1, 3]  # not an extension: re-indexed
+    assert lookup.match_sequence([1, 3, 4, 1, 3], budget=0)[0].numel() == 0
 
 
 def test_lookup_length_follows_the_speed_curve_and_the_measured_acceptance():

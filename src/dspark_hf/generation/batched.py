@@ -472,7 +472,7 @@ class DSparkBatchEngine:
         if not self.prompt_lookup_num_tokens:
             return [empty] * len(self.active)
         min_ngram = 1 if isinstance(self.policy, PlannedWidthPolicy) else MIN_NGRAM
-        return [request.lookup.match(torch.tensor(request.sequence), budget, min_ngram)
+        return [request.lookup.match_sequence(request.sequence, budget, min_ngram)
                 for request, budget in zip(self.active, budgets)]
 
     def _lookup_lengths(self, matches, usable: list[bool] | None, lengths: list[int]) -> dict[int, int]:

@@ -70,6 +70,47 @@ def find_continuation(ids: torch.LongTensor, num_tokens: int, max_ngram: int = 3
     return match_continuation(ids, num_tokens, max_ngram)[0]
 
 
+class NgramIndex:
+    """[`match_continuation`] for a sequence that only grows, in time independent of its length: the most recent
+    start of every n-gram (1 to `max_ngram` tokens) that ends before the last token, updated as tokens are appended.
+
+    The batched engine matches every row's sequence every round; rescanning ~300 tokens per row cost ~4 ms a round at
+    32 rows (~4% of a decoding step), this a few microseconds per row.
+
+    ```python
+    >>> from dspark_hf.generation.lookup import NgramIndex
+    >>> index = NgramIndex(max_ngram=3)
+    >>> index.extend([5, 6, 7, 8, 1, 5, 6, 9, 5, 6])
+    >>> index.match(3)  # the latest earlier "5 6" was followed by 9
+    ([9, 5, 6], 2)
+
+    ```
+    """
+
+    def __init__(self, max_ngram: int):
+        self.max_ngram = max_ngram
+        self.ids: list[int] = []
+        self._starts: dict[tuple[int, ...], int] = {}
+
+    def extend(self, tokens) -> None:
+        """Appends `tokens` to the indexed sequence."""
+        ids, starts = self.ids, self._starts
+        for token in tokens:
+            end = len(ids)  # the windows ending at the current last token now end before the last token
+            for n in range(1, min(self.max_ngram, end) + 1):
+                starts[tuple(ids[end - n:end])] = end - n
+            ids.append(int(token))
+
+    def match(self, num_tokens: int, min_ngram: int = MIN_NGRAM) -> tuple[list[int], int]:
+        """What [`match_continuation`] returns for the sequence so far, as a list."""
+        ids, length = self.ids, len(self.ids)
+        for n in range(min(self.max_ngram, length - 1), max(min_ngram, 1) - 1, -1):
+            start = self._starts.get(tuple(ids[length - n:]))
+            if start is not None:
+                return ids[start + n: start + n + num_tokens], n
+        return [], 0
+
+
 class PromptLookup:
     """Chooses each round's source (lookup drafts, or the drafter) and sizes the lookup drafts.
 
@@ -99,6 +140,7 @@ class PromptLookup:
         # Decayed drafted rounds, drafts accepted and drafts verified in them: one round, one of two drafts.
         self._drafted = [1.0, 1.0, 2.0]
         self.last_ngram = 0  # the match length of the last lookup drafts returned
+        self._index: NgramIndex | None = None  # `match_sequence`'s index of the sequence so far
 
     def acceptance(self, ngram: int = MIN_NGRAM) -> float:
         """Estimated P(lookup draft k accepted | drafts before it accepted) after an `ngram`-token match."""
@@ -146,6 +188,24 @@ class PromptLookup:
             if bool(is_eos.any()):
                 found = found[: int(is_eos.nonzero()[0])]
         return found, (ngram if found.numel() else 0)
+
+    def match_sequence(self, sequence: list[int], budget: int, min_ngram: int = MIN_NGRAM
+                       ) -> tuple[torch.LongTensor, int]:
+        """[`match`] for the growing sequence of one request (its prompt, then its output), through an incremental
+        [`NgramIndex`]: only the tokens appended since the last call are indexed. A sequence that does not extend the
+        indexed one starts a new index."""
+        index = self._index
+        if index is None or len(sequence) < len(index.ids) or sequence[:len(index.ids)] != index.ids:
+            index = self._index = NgramIndex(self.max_ngram)
+        index.extend(sequence[len(index.ids):])
+        if budget < 1:
+            return torch.empty(0, dtype=torch.long), 0
+        found, ngram = index.match(min(self.num_tokens, budget), min_ngram)
+        for cut, token in enumerate(found):
+            if token in self.eos_token_ids:
+                found = found[:cut]
+                break
+        return torch.tensor(found, dtype=torch.long), (ngram if found else 0)
 
     def record(self, verified: int, accepted: int, ngram: int | None = None) -> None:
         """A lookup round's outcome: `accepted` of its `verified` drafts, found after an `ngram`-token match (the last
