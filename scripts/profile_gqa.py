@@ -72,7 +72,8 @@ def forward_case(target, rows: int, width: int, repeats: int, context: int = 250
             seconds, logits[setting] = forward(setting)
             times[setting].append(seconds)
     case = {"rows": rows, "width": width, "native_ms": 1e3 * statistics.median(times[True]),
-            "copied_ms": 1e3 * statistics.median(times[False]), "bitwise_equal": torch.equal(logits[True], logits[False])}
+            "copied_ms": 1e3 * statistics.median(times[False]),
+            "bitwise_equal": torch.equal(logits[True], logits[False])}
     if packed:
         case.update(packed_ms=1e3 * statistics.median(times["packed"]),
                     packed_bitwise_equal=torch.equal(logits["packed"], logits[True]),

@@ -88,7 +88,8 @@ def packed_sdpa_attention_forward(module, query, key, value, attention_mask, dro
                 and attention_mask.shape[1] == 1 and kwargs.get("position_bias") is None
                 and kwargs.get("softcap") is None)
     if not packable:
-        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        sdpa = ALL_ATTENTION_FUNCTIONS["sdpa"]
+        return sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     rows, slots = attention_mask.shape[0], attention_mask.shape[-1]
     mask = attention_mask[:, :, None].expand(rows, 1, groups, tokens, slots).reshape(rows, 1, groups * tokens, slots)
     output = torch.nn.functional.scaled_dot_product_attention(
