@@ -26,7 +26,7 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 from ..modeling_dspark import DSparkDrafter
 from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
-from .drafting import DraftedBlock, block_inputs, pick_tokens, sample_drafts, verify
+from .drafting import DraftedBlock, block_inputs, greedy_prefix, pick_tokens, sample_drafts, verify
 from .gqa import native_gqa, packed_gqa
 from .lookup import MIN_NGRAM, PromptLookup
 from .policies import PlannedWidthPolicy, VerificationPolicy, resolve_policy
@@ -429,13 +429,20 @@ class DSparkBatchEngine:
             verify_ids, torch.cat([self.slot_mask, new_mask], dim=1), positions, self.cache
         )
         committed, accepted = {}, []
+        # greedy without processors: every row's choices from one argmax (per row it cost ~0.2 ms a row)
+        choices = None if self.do_sample or self.logits_processor else logits.argmax(dim=-1).tolist()
         for row, request in enumerate(self.active):
             if request.finished:
                 accepted.append(0)
                 continue
             lookup = row in lookup_rows
-            committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits,
-                                                            None if lookup else draft)
+            if choices is not None:
+                drafts = verify_ids[row, 1:1 + lengths[row]].tolist()
+                num_accepted, token = greedy_prefix(drafts, choices[row])
+                committed[row] = drafts[:num_accepted] + [token]
+            else:
+                committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits,
+                                                                None if lookup else draft)
             accepted.append(num_accepted)
             if lookup:
                 request.lookup.record(lengths[row], num_accepted, matches[row][1])

@@ -218,6 +218,15 @@ def _add_confidences(drafter, hidden_states, previous_ids, slot, confidences, ra
         confidences[row].append(value)
 
 
+def greedy_prefix(draft_ids: Sequence[int], choices: Sequence[int]) -> tuple[int, int]:
+    """Greedy verification from the target's choices (argmax) at each verified slot (at least ``len(draft_ids) + 1``
+    of them): the drafts accepted (the prefix equal to the choices) and the target's token after them."""
+    accepted = 0
+    while accepted < len(draft_ids) and draft_ids[accepted] == choices[accepted]:
+        accepted += 1
+    return accepted, choices[accepted]
+
+
 def verify(draft_ids, draft_probs, target_logits, target_probs, do_sample, generator=None):
     """Accepts a prefix of one sequence's drafts; returns `(num_accepted, next_token)`.
 
@@ -231,11 +240,7 @@ def verify(draft_ids, draft_probs, target_logits, target_probs, do_sample, gener
         generator (`torch.Generator`, *optional*): the random source of the sampling.
     """
     if not do_sample:
-        choices = target_logits.argmax(dim=-1).tolist()
-        accepted = 0
-        while accepted < len(draft_ids) and draft_ids[accepted] == choices[accepted]:
-            accepted += 1
-        return accepted, choices[accepted]
+        return greedy_prefix(draft_ids, target_logits.argmax(dim=-1).tolist())
     for slot, token in enumerate(draft_ids):
         p, q = target_probs[slot, token], draft_probs[slot, token]
         # p >= q: always accept; else accept with probability p / q
