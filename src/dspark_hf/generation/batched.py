@@ -429,20 +429,15 @@ class DSparkBatchEngine:
             verify_ids, torch.cat([self.slot_mask, new_mask], dim=1), positions, self.cache
         )
         committed, accepted = {}, []
-        # greedy without processors: every row's choices from one argmax (per row it cost ~0.2 ms a row)
-        choices = None if self.do_sample or self.logits_processor else logits.argmax(dim=-1).tolist()
+        choices = self._greedy_choices(logits)
         for row, request in enumerate(self.active):
             if request.finished:
                 accepted.append(0)
                 continue
             lookup = row in lookup_rows
-            if choices is not None:
-                drafts = verify_ids[row, 1:1 + lengths[row]].tolist()
-                num_accepted, token = greedy_prefix(drafts, choices[row])
-                committed[row] = drafts[:num_accepted] + [token]
-            else:
-                committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits,
-                                                                None if lookup else draft)
+            committed[row], num_accepted = self._verify_row(request, row, lengths[row], verify_ids, logits,
+                                                            None if lookup else draft,
+                                                            None if choices is None else choices[row])
             accepted.append(num_accepted)
             if lookup:
                 request.lookup.record(lengths[row], num_accepted, matches[row][1])
@@ -528,10 +523,20 @@ class DSparkBatchEngine:
         sequences = [r.sequence for r in self.active]
         return lambda drafts, logits: self._process([s + d for s, d in zip(sequences, drafts.tolist())], logits)
 
-    def _verify_row(self, request, row, length, verify_ids, logits, draft) -> tuple[list[int], int]:
+    def _greedy_choices(self, logits: torch.Tensor) -> list[list[int]] | None:
+        """Every row's greedy choice at each slot from one argmax over the batch when decoding greedily without logits
+        processors (a verification call per row cost ~0.2 ms a row); `None` otherwise."""
+        return None if self.do_sample or self.logits_processor else logits.argmax(dim=-1).tolist()
+
+    def _verify_row(self, request, row, length, verify_ids, logits, draft, choices=None) -> tuple[list[int], int]:
         """Greedy matching or speculative sampling (`drafting.verify`) for one row; returns (committed tokens, accepted
-        drafts). Without `draft` the row's drafts are lookup drafts: a deterministic proposal, one-hot in sampling."""
-        sequence, drafts = request.sequence, verify_ids[row, 1:1 + length].tolist()
+        drafts). Without `draft` the row's drafts are lookup drafts: a deterministic proposal, one-hot in sampling.
+        `choices`: the row's greedy choices ([`_greedy_choices`]), which then decide alone."""
+        drafts = verify_ids[row, 1:1 + length].tolist()
+        if choices is not None:
+            num_accepted, token = greedy_prefix(drafts, choices)
+            return drafts[:num_accepted] + [token], num_accepted
+        sequence = request.sequence
         target_logits = torch.cat([self._process([sequence + drafts[:k]], logits[row, k][None])
                                    for k in range(length + 1)])
         draft_probs = None

@@ -283,7 +283,10 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         self.clock.advance(self.cost.verify_seconds(*input_ids.shape))
         return None, None
 
-    def _verify_row(self, request, row, length, verify_ids, logits, draft) -> tuple[list[int], int]:
+    def _greedy_choices(self, logits) -> None:
+        return None  # no logits: the trace decides each row (`_verify_row`)
+
+    def _verify_row(self, request, row, length, verify_ids, logits, draft, choices=None) -> tuple[list[int], int]:
         sequence, committed = self._sequence_of[request.request_id], len(request.output_ids)
         if draft is None and length:  # lookup drafts: accepted as far as they are the trace's output
             accepted = _accept_length(verify_ids[row, 1:1 + length].tolist(), sequence.tokens_after(committed, length))
