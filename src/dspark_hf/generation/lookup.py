@@ -183,11 +183,7 @@ class PromptLookup:
         if budget < 1:
             return ids.new_empty(0), 0
         found, ngram = match_continuation(ids, min(self.num_tokens, budget), self.max_ngram, min_ngram)
-        if self.eos_token_ids and found.numel():
-            is_eos = torch.isin(found, torch.tensor(self.eos_token_ids, device=found.device))
-            if bool(is_eos.any()):
-                found = found[: int(is_eos.nonzero()[0])]
-        return found, (ngram if found.numel() else 0)
+        return self._before_eos(found.tolist(), ngram, ids.device)
 
     def match_sequence(self, sequence: list[int], budget: int, min_ngram: int = MIN_NGRAM
                        ) -> tuple[torch.LongTensor, int]:
@@ -200,12 +196,15 @@ class PromptLookup:
         index.extend(sequence[len(index.ids):])
         if budget < 1:
             return torch.empty(0, dtype=torch.long), 0
-        found, ngram = index.match(min(self.num_tokens, budget), min_ngram)
+        return self._before_eos(*index.match(min(self.num_tokens, budget), min_ngram))
+
+    def _before_eos(self, found: list[int], ngram: int, device=None) -> tuple[torch.LongTensor, int]:
+        """`found` cut before its first EOS token, as a tensor, and `ngram` (0 when nothing is left)."""
         for cut, token in enumerate(found):
             if token in self.eos_token_ids:
                 found = found[:cut]
                 break
-        return torch.tensor(found, dtype=torch.long), (ngram if found else 0)
+        return torch.tensor(found, dtype=torch.long, device=device), (ngram if found else 0)
 
     def record(self, verified: int, accepted: int, ngram: int | None = None) -> None:
         """A lookup round's outcome: `accepted` of its `verified` drafts, found after an `ngram`-token match (the last
