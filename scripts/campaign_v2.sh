@@ -28,7 +28,9 @@
 #            `stage4` is the same step; EVAL_STRATEGY=no skips the in-training evaluation
 #            (64-sequence loss and 8 generated prompts every 1000 steps, ~5 min; the eval step judges the result);
 #            GROW_LAYERS=N appends N draft layers that start as the identity (the capacity lever, issue 19 item 4),
-#            and TAG names the run apart from the stage's 1-layer line (WORK_DIR/dspark<STAGE><TAG>, stage<STAGE><TAG>)
+#            GROW_MARKOV_RANK=R widens the Markov head to rank R (new directions start without effect; the releases'
+#            rank is 256), and TAG names the run apart from the stage's 1-layer line (WORK_DIR/dspark<STAGE><TAG>,
+#            stage<STAGE><TAG>)
 #   judge    CANDIDATE=DIR [NAME=stage4] [BASELINE=DIR]: recalibrates CANDIDATE (STS, 96 of the held-back v2 prompts)
 #            into WORK_DIR/NAME-cal, then benchmarks it against the shipped drafter (or BASELINE) in one run (same
 #            policies, POLICIES=..., target in bf16 where native, 6 prompts each of gsm8k, humaneval and mt-bench, 256
@@ -119,6 +121,7 @@ stage4|train)
     bf16=$(python -c "import torch; from dspark_hf.models import target_dtype; print('--bf16' if target_dtype('auto') == torch.bfloat16 else '')")
     resume=() train_data=() grow=()
     if [[ -n ${GROW_LAYERS:-} ]]; then grow=(--grow_layers "$GROW_LAYERS"); fi
+    if [[ -n ${GROW_MARKOV_RANK:-} ]]; then grow+=(--grow_markov_rank "$GROW_MARKOV_RANK"); fi
     for name in conv-v2 conv-v1; do
         if compgen -G "$data/$name/*.parquet" > /dev/null; then train_data+=("$data/$name"); fi
     done

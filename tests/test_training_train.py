@@ -264,3 +264,41 @@ def test_grown_layers_start_as_the_identity_and_train(tmp_path, capsys):
         train.build_drafter(train.DSparkModelArguments(grow_layers=1), target)
     error = _cli_error(argv[:4] + ["--grow_layers", "0"] + argv[6:], capsys)
     assert "grow by 0 layers: give at least 1" in error
+
+
+def test_a_grown_markov_rank_keeps_drafts_and_confidences_and_trains(tmp_path, capsys):
+    target = _save_target(tmp_path)
+    drafter = DSparkDrafter.from_target(target, block_size=3, markov_rank=8)
+    drafter.save_pretrained(tmp_path / "rank8")
+    grown = train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "rank8"), grow_markov_rank=24),
+                                target)
+    assert grown.config.markov_rank == 24 and grown.markov_head.markov_w2.weight.shape[-1] == 24
+    assert grown.confidence_head.proj.in_features == grown.config.hidden_size + 24
+    # the same bias and confidences for every previous token: the new directions start without effect
+    drafter.float()
+    previous = torch.arange(target.config.vocab_size)
+    hidden = torch.randn(target.config.vocab_size, grown.config.hidden_size)
+    with torch.no_grad():
+        for model in (drafter, grown):
+            model.bias = model.markov_head(previous, hidden)[0]
+            model.confidence = model.confidence_logits(hidden, previous)
+    torch.testing.assert_close(grown.bias, drafter.bias, rtol=0, atol=1e-6)
+    torch.testing.assert_close(grown.confidence, drafter.confidence, rtol=0, atol=1e-6)
+    assert grown.markov_head.markov_w1.weight[:, 8:].abs().sum() > 0  # so the new W2 columns get a gradient
+
+    argv = ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "rank8"), "--grow_markov_rank", "24",
+            "--max_steps", "2", "--num_anchors", "4", "--train_data", _save_data(tmp_path, target), "--output_dir",
+            str(tmp_path / "run"), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--eval_strategy", "no"]
+    assert train.main(argv) == 0
+    trained = DSparkDrafter.from_pretrained(tmp_path / "run")
+    assert trained.config.markov_rank == 24
+    assert trained.markov_head.markov_w2.weight[:, 8:].abs().sum() > 0  # the zeroed directions are learning
+
+    with pytest.raises(ValueError, match="widens a trained drafter: give it with --drafter DIR, or build a new "
+                                         "drafter with --markov_rank N"):
+        train.build_drafter(train.DSparkModelArguments(grow_markov_rank=24), target)
+    error = _cli_error(argv[:4] + ["--grow_markov_rank", "8"] + argv[6:], capsys)
+    assert "grow the Markov rank to 8: give a rank above the drafter's 8" in error
+    DSparkDrafter.from_target(target, block_size=3, markov_rank=0).save_pretrained(tmp_path / "dflash")
+    with pytest.raises(ValueError, match="only a vanilla Markov head can grow, this drafter has no Markov head"):
+        train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "dflash"), grow_markov_rank=16), target)

@@ -429,6 +429,40 @@ class DSparkDrafter(DSparkPreTrainedModel):
             layer.mlp.down_proj.weight.zero_()
             self.layers.append(layer.to(device=reference.device, dtype=reference.dtype))
 
+    @torch.no_grad()
+    def grow_markov_rank(self, rank: int) -> None:
+        """Widens the (vanilla) Markov head to `rank`, keeping the drafter's drafts and confidences exactly.
+
+        The bias ``W2 · W1[prev]`` gains ``rank - markov_rank`` directions: their `W1` columns take the drafter's
+        initialisation and their `W2` columns (and the confidence head's weights on them) start at zero, so the bias
+        is unchanged until training moves them; the gradient reaches the new `W2` columns at the first step. The
+        Markov rank lever of a training campaign, as [`grow_layers`] is the depth lever.
+
+        Args:
+            rank (`int`): the new rank, above the current `markov_rank`.
+        """
+        config, head = self.config, self.markov_head
+        if head is None or head.head_type != "vanilla":
+            kind = "no Markov head" if head is None else f"a {head.head_type!r} Markov head"
+            raise ValueError(f"grow the Markov rank: only a vanilla Markov head can grow, this drafter has {kind}.")
+        old = config.markov_rank
+        if rank <= old:
+            raise ValueError(f"grow the Markov rank to {rank}: give a rank above the drafter's {old}.")
+        config.markov_rank = rank
+        grown = DSparkMarkovHead(config)
+        self._init_weights(grown.markov_w1)
+        grown.markov_w1.weight[:, :old] = head.markov_w1.weight
+        grown.markov_w2.weight.zero_()[:, :old] = head.markov_w2.weight
+        reference = head.markov_w1.weight
+        self.markov_head = grown.to(device=reference.device, dtype=reference.dtype)
+        confidence = self.confidence_head
+        if confidence is not None and confidence.with_markov:
+            wider = DSparkConfidenceHead(config).to(device=confidence.proj.weight.device,
+                                                    dtype=confidence.proj.weight.dtype)
+            wider.proj.weight.zero_()[:, : confidence.proj.in_features] = confidence.proj.weight
+            wider.proj.bias.copy_(confidence.proj.bias)
+            self.confidence_head = wider
+
     @classmethod
     def from_target(cls, target: PreTrainedModel, **kwargs) -> "DSparkDrafter":
         """A fresh (untrained) drafter for `target`, with the target's embedding and LM head copied in and frozen.

@@ -83,6 +83,11 @@ class DSparkModelArguments:
         metadata={"help": "Loaded drafter: append N draft layers that start as the identity (their output projections "
                           "zeroed), so training starts from the drafter's own drafts with more capacity."},
     )
+    grow_markov_rank: int | None = field(
+        default=None,
+        metadata={"help": "Loaded drafter: widen its Markov head to rank N (the new directions' output weights start "
+                          "at zero), so training starts from the drafter's own drafts with a richer transition bias."},
+    )
     draft_vocab_size: int | None = field(
         default=None,
         metadata={"help": "New drafter: draft (and train) over only the N ids most frequent in the training responses "
@@ -340,11 +345,12 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
             f"--init_from_target_layers starts a new drafter; the drafter loaded from {model_args.drafter} is already "
             "trained. Drop one of the two."
         )
-    if model_args.grow_layers is not None and not model_args.drafter:
-        raise ValueError(
-            f"--grow_layers {model_args.grow_layers} widens a trained drafter: give it with --drafter DIR, or build a "
-            "new drafter with --num_hidden_layers N instead."
-        )
+    for option, instead in (("grow_layers", "--num_hidden_layers N"), ("grow_markov_rank", "--markov_rank N")):
+        if getattr(model_args, option) is not None and not model_args.drafter:
+            raise ValueError(
+                f"--{option} {getattr(model_args, option)} widens a trained drafter: give it with --drafter DIR, or "
+                f"build a new drafter with {instead} instead."
+            )
     if model_args.drafter:
         drafter = DSparkDrafter.from_pretrained(model_args.drafter, target=target, dtype=torch.float32)
         config = drafter.config
@@ -364,6 +370,11 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
             drafter.grow_layers(model_args.grow_layers)
             logger.info(f"Grew the drafter from {before} to {config.num_hidden_layers} draft layers (new ones start as "
                         "the identity).")
+        if model_args.grow_markov_rank is not None:
+            before = config.markov_rank
+            drafter.grow_markov_rank(model_args.grow_markov_rank)
+            logger.info(f"Grew the Markov head from rank {before} to {config.markov_rank} (the new directions start "
+                        "without effect).")
     else:
         options = {**NEW_DRAFTER_DEFAULTS, **given}
         drafter = DSparkDrafter.from_target(target, **options)
