@@ -234,6 +234,14 @@ def test_help_lists_dspark_and_common_options_and_every_option_still_parses(caps
     assert training_args.adam_beta2 == 0.95 and training_args.dataloader_num_workers == 1
 
 
+def _grow_argv(tmp_path, target, drafter: str, option: str, value: str) -> list[str]:
+    """A two-step `dspark-hf train` run that widens the drafter saved at `tmp_path / drafter` (the grow option at
+    argv[4:6])."""
+    return ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / drafter), option, value, "--max_steps",
+            "2", "--num_anchors", "4", "--train_data", _save_data(tmp_path, target), "--output_dir",
+            str(tmp_path / "run"), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--eval_strategy", "no"]
+
+
 def test_grown_layers_start_as_the_identity_and_train(tmp_path, capsys):
     target = _save_target(tmp_path)
     drafter = DSparkDrafter.from_target(target, block_size=3, markov_rank=8)
@@ -252,9 +260,7 @@ def test_grown_layers_start_as_the_identity_and_train(tmp_path, capsys):
     torch.testing.assert_close(after.logits, before.logits, rtol=0, atol=0)
     assert not torch.equal(grown.layers[1].self_attn.q_proj.weight, torch.zeros_like(grown.layers[1].self_attn.q_proj.weight))
 
-    argv = ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "one"), "--grow_layers", "1",
-            "--max_steps", "2", "--num_anchors", "4", "--train_data", _save_data(tmp_path, target), "--output_dir",
-            str(tmp_path / "run"), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--eval_strategy", "no"]
+    argv = _grow_argv(tmp_path, target, "one", "--grow_layers", "1")
     assert train.main(argv) == 0
     trained = DSparkDrafter.from_pretrained(tmp_path / "run")
     assert trained.config.num_hidden_layers == 2
@@ -286,9 +292,7 @@ def test_a_grown_markov_rank_keeps_drafts_and_confidences_and_trains(tmp_path, c
     torch.testing.assert_close(grown.confidence, drafter.confidence, rtol=0, atol=1e-6)
     assert grown.markov_head.markov_w1.weight[:, 8:].abs().sum() > 0  # so the new W2 columns get a gradient
 
-    argv = ["--target", str(tmp_path / "target"), "--drafter", str(tmp_path / "rank8"), "--grow_markov_rank", "24",
-            "--max_steps", "2", "--num_anchors", "4", "--train_data", _save_data(tmp_path, target), "--output_dir",
-            str(tmp_path / "run"), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--eval_strategy", "no"]
+    argv = _grow_argv(tmp_path, target, "rank8", "--grow_markov_rank", "24")
     assert train.main(argv) == 0
     trained = DSparkDrafter.from_pretrained(tmp_path / "run")
     assert trained.config.markov_rank == 24
