@@ -285,11 +285,10 @@ def test_a_grown_markov_rank_keeps_drafts_and_confidences_and_trains(tmp_path, c
     previous = torch.arange(target.config.vocab_size)
     hidden = torch.randn(target.config.vocab_size, grown.config.hidden_size)
     with torch.no_grad():
-        for model in (drafter, grown):
-            model.bias = model.markov_head(previous, hidden)[0]
-            model.confidence = model.confidence_logits(hidden, previous)
-    torch.testing.assert_close(grown.bias, drafter.bias, rtol=0, atol=1e-6)
-    torch.testing.assert_close(grown.confidence, drafter.confidence, rtol=0, atol=1e-6)
+        before, after = ((model.markov_head(previous, hidden)[0], model.confidence_logits(hidden, previous))
+                         for model in (drafter, grown))
+    for grown_values, values in zip(after, before):  # bias, then confidence logits
+        torch.testing.assert_close(grown_values, values, rtol=0, atol=1e-6)
     assert grown.markov_head.markov_w1.weight[:, 8:].abs().sum() > 0  # so the new W2 columns get a gradient
 
     argv = _grow_argv(tmp_path, target, "rank8", "--grow_markov_rank", "24")
