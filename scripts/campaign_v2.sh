@@ -29,7 +29,8 @@
 #            (64-sequence loss and 8 generated prompts every 1000 steps, ~5 min; the eval step judges the result);
 #            GROW_LAYERS=N appends N draft layers that start as the identity (the capacity lever, issue 19 item 4),
 #            GROW_MARKOV_RANK=R widens the Markov head to rank R (new directions start without effect; the releases'
-#            rank is 256), and TAG names the run apart from the stage's 1-layer line (WORK_DIR/dspark<STAGE><TAG>,
+#            rank is 256), DROP_MARKOV_HEAD=1 removes the Markov head (the DFlash ablation, trained on beside the
+#            same drafter with its head), and TAG names the run apart from the stage's 1-layer line (WORK_DIR/dspark<STAGE><TAG>,
 #            stage<STAGE><TAG>)
 #   judge    CANDIDATE=DIR [NAME=stage4] [BASELINE=DIR]: recalibrates CANDIDATE (STS, 96 of the held-back v2 prompts)
 #            into WORK_DIR/NAME-cal, then benchmarks it against the shipped drafter (or BASELINE) in one run (same
@@ -122,6 +123,7 @@ stage4|train)
     resume=() train_data=() grow=()
     if [[ -n ${GROW_LAYERS:-} ]]; then grow=(--grow_layers "$GROW_LAYERS"); fi
     if [[ -n ${GROW_MARKOV_RANK:-} ]]; then grow+=(--grow_markov_rank "$GROW_MARKOV_RANK"); fi
+    if [[ -n ${DROP_MARKOV_HEAD:-} ]]; then grow+=(--drop_markov_head true); fi
     for name in conv-v2 conv-v1; do
         if compgen -G "$data/$name/*.parquet" > /dev/null; then train_data+=("$data/$name"); fi
     done

@@ -305,3 +305,47 @@ def test_a_grown_markov_rank_keeps_drafts_and_confidences_and_trains(tmp_path, c
     DSparkDrafter.from_target(target, block_size=3, markov_rank=0).save_pretrained(tmp_path / "dflash")
     with pytest.raises(ValueError, match="only a vanilla Markov head can grow, this drafter has no Markov head"):
         train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "dflash"), grow_markov_rank=16), target)
+
+
+
+def test_a_dropped_markov_head_leaves_the_dflash_ablation_and_trains(tmp_path, capsys):
+    target = _save_target(tmp_path)
+    drafter = DSparkDrafter.from_target(target, block_size=3, markov_rank=8)
+    with torch.no_grad():  # a head whose bias and confidence weights matter
+        drafter.markov_head.markov_w2.weight.normal_()
+        drafter.confidence_head.proj.weight.normal_()
+    drafter.save_pretrained(tmp_path / "dspark")
+    ablation = train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "dspark"), drop_markov_head=True),
+                                   target)
+    assert ablation.config.markov_rank == 0 and ablation.markov_head is None
+    assert ablation.confidence_head.proj.in_features == ablation.config.hidden_size
+    # the ablation drafts and scores as the drafter would with its Markov embedding zeroed (no bias, no embedding)
+    zeroed = DSparkDrafter.from_pretrained(tmp_path / "dspark", target=target, dtype=torch.float32)
+    with torch.no_grad():
+        zeroed.markov_head.markov_w1.weight.zero_()
+    hidden = torch.randn(2, 5, len(drafter.config.target_layer_ids) * drafter.config.hidden_size)
+    ids = torch.randint(0, target.config.vocab_size, (2, 3))
+    positions, context_positions = torch.arange(5, 8).expand(2, 3), torch.arange(5).expand(2, 5)
+    states = torch.randn(4, drafter.config.hidden_size)
+    previous = torch.randint(0, target.config.vocab_size, (4,))
+    with torch.no_grad():
+        after, before = (model(ids, target_hidden_states=hidden, position_ids=positions,
+                               context_position_ids=context_positions) for model in (ablation, zeroed))
+        torch.testing.assert_close(after.logits, before.logits, rtol=0, atol=1e-6)
+        torch.testing.assert_close(ablation.confidence_logits(states, previous), zeroed.confidence_logits(states, previous),
+                                   rtol=0, atol=1e-6)
+        # and not as the drafter with its head: the head did change its confidences
+        assert not torch.allclose(drafter.float().confidence_logits(states, previous),
+                                  ablation.confidence_logits(states, previous))
+
+    argv = _grow_argv(tmp_path, target, "dspark", "--drop_markov_head", "true")
+    assert train.main(argv) == 0
+    trained = DSparkDrafter.from_pretrained(tmp_path / "run")
+    assert trained.config.markov_rank == 0 and trained.markov_head is None
+
+    with pytest.raises(ValueError, match="--drop_markov_head changes a trained drafter: give it with --drafter DIR"):
+        train.build_drafter(train.DSparkModelArguments(drop_markov_head=True), target)
+    error = _cli_error(argv + ["--grow_markov_rank", "16"], capsys)
+    assert "--drop_markov_head and --grow_markov_rank contradict each other" in error
+    with pytest.raises(ValueError, match="drop the Markov head: this drafter has none"):
+        train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "run"), drop_markov_head=True), target)

@@ -463,6 +463,27 @@ class DSparkDrafter(DSparkPreTrainedModel):
             wider.proj.bias.copy_(confidence.proj.bias)
             self.confidence_head = wider
 
+    @torch.no_grad()
+    def drop_markov_head(self) -> None:
+        """Removes the Markov head, turning the drafter into its DFlash ablation (``markov_rank`` 0).
+
+        The drafts then come from the block's logits alone, and the confidence head keeps its weights on the hidden
+        state (the ones it had on the Markov embedding go with the head): the drafter scores as before for a
+        previous token whose Markov embedding is zero. Training it on from here, beside the same drafter trained on
+        with its head, measures what the head is worth at equal training from one starting point.
+        """
+        if self.markov_head is None:
+            raise ValueError("drop the Markov head: this drafter has none (markov_rank is 0).")
+        config, confidence = self.config, self.confidence_head
+        config.markov_rank = 0
+        self.markov_head = None
+        if confidence is not None and confidence.with_markov:
+            narrower = DSparkConfidenceHead(config).to(device=confidence.proj.weight.device,
+                                                       dtype=confidence.proj.weight.dtype)
+            narrower.proj.weight.copy_(confidence.proj.weight[:, : config.hidden_size])
+            narrower.proj.bias.copy_(confidence.proj.bias)
+            self.confidence_head = narrower
+
     @classmethod
     def from_target(cls, target: PreTrainedModel, **kwargs) -> "DSparkDrafter":
         """A fresh (untrained) drafter for `target`, with the target's embedding and LM head copied in and frozen.

@@ -88,6 +88,11 @@ class DSparkModelArguments:
         metadata={"help": "Loaded drafter: widen its Markov head to rank N (the new directions' output weights start "
                           "at zero), so training starts from the drafter's own drafts with a richer transition bias."},
     )
+    drop_markov_head: bool = field(
+        default=False,
+        metadata={"help": "Loaded drafter: remove its Markov head (its DFlash ablation), to train it on beside the "
+                          "same drafter trained on with the head."},
+    )
     draft_vocab_size: int | None = field(
         default=None,
         metadata={"help": "New drafter: draft (and train) over only the N ids most frequent in the training responses "
@@ -351,6 +356,11 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
                 f"--{option} {getattr(model_args, option)} widens a trained drafter: give it with --drafter DIR, or "
                 f"build a new drafter with {instead} instead."
             )
+    if model_args.drop_markov_head and not model_args.drafter:
+        raise ValueError("--drop_markov_head changes a trained drafter: give it with --drafter DIR, or build a new "
+                         "drafter without a Markov head with --markov_rank 0 instead.")
+    if model_args.drop_markov_head and model_args.grow_markov_rank is not None:
+        raise ValueError("--drop_markov_head and --grow_markov_rank contradict each other: give one of the two.")
     if model_args.drafter:
         drafter = DSparkDrafter.from_pretrained(model_args.drafter, target=target, dtype=torch.float32)
         config = drafter.config
@@ -375,6 +385,10 @@ def build_drafter(model_args: DSparkModelArguments, target: PreTrainedModel) -> 
             drafter.grow_markov_rank(model_args.grow_markov_rank)
             logger.info(f"Grew the Markov head from rank {before} to {config.markov_rank} (the new directions start "
                         "without effect).")
+        if model_args.drop_markov_head:
+            before = config.markov_rank
+            drafter.drop_markov_head()
+            logger.info(f"Dropped the rank-{before} Markov head: training its DFlash ablation.")
     else:
         options = {**NEW_DRAFTER_DEFAULTS, **given}
         drafter = DSparkDrafter.from_target(target, **options)
