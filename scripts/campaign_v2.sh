@@ -30,8 +30,8 @@
 #            GROW_LAYERS=N appends N draft layers that start as the identity (the capacity lever, issue 19 item 4),
 #            GROW_MARKOV_RANK=R widens the Markov head to rank R (new directions start without effect; the releases'
 #            rank is 256), DROP_MARKOV_HEAD=1 removes the Markov head (the DFlash ablation, trained on beside the
-#            same drafter with its head), and TAG names the run apart from the stage's 1-layer line (WORK_DIR/dspark<STAGE><TAG>,
-#            stage<STAGE><TAG>)
+#            same drafter with its head), and TAG names the run apart from the stage's 1-layer line
+#            (WORK_DIR/dspark<STAGE><TAG>, stage<STAGE><TAG>)
 #   judge    CANDIDATE=DIR [NAME=stage4] [BASELINE=DIR]: recalibrates CANDIDATE (STS, 96 of the held-back v2 prompts)
 #            into WORK_DIR/NAME-cal, then benchmarks it against the shipped drafter (or BASELINE) in one run (same
 #            policies, POLICIES=..., target in bf16 where native, 6 prompts each of gsm8k, humaneval and mt-bench, 256
