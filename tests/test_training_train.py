@@ -242,6 +242,17 @@ def _grow_argv(tmp_path, target, drafter: str, option: str, value: str) -> list[
             str(tmp_path / "run"), "--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--eval_strategy", "no"]
 
 
+def _block_logits(drafter, *models) -> list[torch.Tensor]:
+    """Each model's draft logits for one random block of 3 over 5 context slots (the same inputs for all; `drafter`
+    sets their shapes)."""
+    hidden = torch.randn(2, 5, len(drafter.config.target_layer_ids) * drafter.config.hidden_size)
+    ids = torch.randint(0, drafter.config.vocab_size, (2, 3))
+    positions, context_positions = torch.arange(5, 8).expand(2, 3), torch.arange(5).expand(2, 5)
+    with torch.no_grad():
+        return [model(ids, target_hidden_states=hidden, position_ids=positions, context_position_ids=context_positions
+                      ).logits for model in models]
+
+
 def test_grown_layers_start_as_the_identity_and_train(tmp_path, capsys):
     target = _save_target(tmp_path)
     drafter = DSparkDrafter.from_target(target, block_size=3, markov_rank=8)
@@ -250,14 +261,8 @@ def test_grown_layers_start_as_the_identity_and_train(tmp_path, capsys):
     assert grown.config.num_hidden_layers == 2 and len(grown.layers) == 2
     assert grown.config.layer_types == ["full_attention"] * 2
     # same drafts, same confidences: the new layer passes its input through until training moves it
-    hidden = torch.randn(2, 5, len(drafter.config.target_layer_ids) * drafter.config.hidden_size)
-    ids = torch.randint(0, target.config.vocab_size, (2, 3))
-    positions, context_positions = torch.arange(5, 8).expand(2, 3), torch.arange(5).expand(2, 5)
-    with torch.no_grad():
-        before = drafter.float()(ids, target_hidden_states=hidden, position_ids=positions,
-                                 context_position_ids=context_positions)
-        after = grown(ids, target_hidden_states=hidden, position_ids=positions, context_position_ids=context_positions)
-    torch.testing.assert_close(after.logits, before.logits, rtol=0, atol=0)
+    before, after = _block_logits(drafter, drafter.float(), grown)
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
     assert not torch.equal(grown.layers[1].self_attn.q_proj.weight, torch.zeros_like(grown.layers[1].self_attn.q_proj.weight))
 
     argv = _grow_argv(tmp_path, target, "one", "--grow_layers", "1")
@@ -307,7 +312,6 @@ def test_a_grown_markov_rank_keeps_drafts_and_confidences_and_trains(tmp_path, c
         train.build_drafter(train.DSparkModelArguments(drafter=str(tmp_path / "dflash"), grow_markov_rank=16), target)
 
 
-
 def test_a_dropped_markov_head_leaves_the_dflash_ablation_and_trains(tmp_path, capsys):
     target = _save_target(tmp_path)
     drafter = DSparkDrafter.from_target(target, block_size=3, markov_rank=8)
@@ -323,15 +327,11 @@ def test_a_dropped_markov_head_leaves_the_dflash_ablation_and_trains(tmp_path, c
     zeroed = DSparkDrafter.from_pretrained(tmp_path / "dspark", target=target, dtype=torch.float32)
     with torch.no_grad():
         zeroed.markov_head.markov_w1.weight.zero_()
-    hidden = torch.randn(2, 5, len(drafter.config.target_layer_ids) * drafter.config.hidden_size)
-    ids = torch.randint(0, target.config.vocab_size, (2, 3))
-    positions, context_positions = torch.arange(5, 8).expand(2, 3), torch.arange(5).expand(2, 5)
+    after, before = _block_logits(drafter, ablation, zeroed)
+    torch.testing.assert_close(after, before, rtol=0, atol=1e-6)
     states = torch.randn(4, drafter.config.hidden_size)
     previous = torch.randint(0, target.config.vocab_size, (4,))
     with torch.no_grad():
-        after, before = (model(ids, target_hidden_states=hidden, position_ids=positions,
-                               context_position_ids=context_positions) for model in (ablation, zeroed))
-        torch.testing.assert_close(after.logits, before.logits, rtol=0, atol=1e-6)
         torch.testing.assert_close(ablation.confidence_logits(states, previous), zeroed.confidence_logits(states, previous),
                                    rtol=0, atol=1e-6)
         # and not as the drafter with its head: the head did change its confidences

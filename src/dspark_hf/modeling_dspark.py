@@ -455,13 +455,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         grown.markov_w2.weight.zero_()[:, :old] = head.markov_w2.weight
         reference = head.markov_w1.weight
         self.markov_head = grown.to(device=reference.device, dtype=reference.dtype)
-        confidence = self.confidence_head
-        if confidence is not None and confidence.with_markov:
-            wider = DSparkConfidenceHead(config).to(device=confidence.proj.weight.device,
-                                                    dtype=confidence.proj.weight.dtype)
-            wider.proj.weight.zero_()[:, : confidence.proj.in_features] = confidence.proj.weight
-            wider.proj.bias.copy_(confidence.proj.bias)
-            self.confidence_head = wider
+        self._refit_confidence_head()
 
     @torch.no_grad()
     def drop_markov_head(self) -> None:
@@ -474,15 +468,24 @@ class DSparkDrafter(DSparkPreTrainedModel):
         """
         if self.markov_head is None:
             raise ValueError("drop the Markov head: this drafter has none (markov_rank is 0).")
-        config, confidence = self.config, self.confidence_head
-        config.markov_rank = 0
+        self.config.markov_rank = 0
         self.markov_head = None
-        if confidence is not None and confidence.with_markov:
-            narrower = DSparkConfidenceHead(config).to(device=confidence.proj.weight.device,
-                                                       dtype=confidence.proj.weight.dtype)
-            narrower.proj.weight.copy_(confidence.proj.weight[:, : config.hidden_size])
-            narrower.proj.bias.copy_(confidence.proj.bias)
-            self.confidence_head = narrower
+        self._refit_confidence_head()
+
+    @torch.no_grad()
+    def _refit_confidence_head(self) -> None:
+        """Rebuilds the confidence head for the config's current Markov rank after the head changed rank: the
+        hidden-state weights, the first Markov-embedding weights that still fit and the bias are kept, new embedding
+        weights start at zero (so a wider head scores as before)."""
+        confidence = self.confidence_head
+        if confidence is None:
+            return
+        weight = confidence.proj.weight
+        refit = DSparkConfidenceHead(self.config).to(device=weight.device, dtype=weight.dtype)
+        kept = min(weight.shape[-1], refit.proj.in_features)
+        refit.proj.weight.zero_()[:, :kept] = weight[:, :kept]
+        refit.proj.bias.copy_(confidence.proj.bias)
+        self.confidence_head = refit
 
     @classmethod
     def from_target(cls, target: PreTrainedModel, **kwargs) -> "DSparkDrafter":
