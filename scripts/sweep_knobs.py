@@ -9,6 +9,8 @@ in seconds as the fitted cost model.
     python scripts/sweep_knobs.py --load_trace more.trace.json.gz --output_dir benchmarks/results/sim-knobs-more
     # another validation (its load trace, fitted costs and profile; batch 1 as validated there)
     python scripts/sweep_knobs.py --validation benchmarks/results/sim-validation-stage7-bf16 --output_dir ...
+    # some variants only (names as in VARIANTS and WAITS)
+    python scripts/sweep_knobs.py --variants defaults,replan=False --output_dir ...
 
 Under load also the engine's `admission_wait_rounds` (target-only and hardware-aware at 1, 2, 4 and "auto"; every
 other row admits at every step, 0), where a prefill costs one forward of its rows (the profile's) plus the measured
@@ -36,7 +38,8 @@ VARIANTS = {"defaults": {}, "plan_smoothing=0": {"plan_smoothing": 0.0},
             "outcome_decay=None": {"outcome_decay": None}, "outcome_decay=0.9": {"outcome_decay": 0.9},
             "outcome_decay=0.99": {"outcome_decay": 0.99}, "max_idle_rounds=16": {"max_idle_rounds": 16},
             "max_idle_rounds=256": {"max_idle_rounds": 256}, "engine_min_gain=0.05": {"engine_min_gain": 0.05},
-            "engine_min_gain=0.1": {"engine_min_gain": 0.1}, "engine_min_gain=0.2": {"engine_min_gain": 0.2}}
+            "engine_min_gain=0.1": {"engine_min_gain": 0.1}, "engine_min_gain=0.2": {"engine_min_gain": 0.2},
+            "replan=False": {"replan": False}}
 REFERENCES = ["target", "fixed:1", "fixed:2", "threshold"]
 # the engine's knob, under load only: (method, admission_wait_rounds)
 WAITS = {f"{method} admission_wait_rounds={n}": (method, n)
@@ -49,20 +52,21 @@ def _policy(name: str, tables: dict):
     return make_policy(name, tables[1])
 
 
-def batch1_rows(trace: Trace, tables: dict, fit: dict) -> list[dict]:
+def batch1_rows(trace: Trace, tables: dict, fit: dict, variants=VARIANTS) -> list[dict]:
     cost = ProfileCost(tables=tables, **fit)
     records = {name: simulate_batch1(trace, _policy(name, tables), cost, trace.max_new_tokens)
-               for name in [*REFERENCES, *VARIANTS]}
+               for name in [*REFERENCES, *variants]}
     return [row for row in summarize_batch1(records)]
 
 
-def load_rows(trace: Trace, tables: dict, fits: dict, levels: list[int], measured: dict | None = None) -> list[dict]:
+def load_rows(trace: Trace, tables: dict, fits: dict, levels: list[int], measured: dict | None = None,
+              variants=(*VARIANTS, *WAITS)) -> list[dict]:
     """Each variant in a closed loop per level, on the level's fitted cost, or where the validation has them on the
     costs the run measured (`measured`: level -> method -> cost; target-only on its own, the rest on
     hardware-aware's)."""
     rows = []
     for level in levels:
-        for name in [*REFERENCES, *VARIANTS, *WAITS]:
+        for name in [*REFERENCES, *variants]:
             method, wait = WAITS.get(name, (name, 0))
             own = (measured or {}).get(level, {})
             own = own.get("target" if method == "target" else "hardware_aware")
@@ -85,8 +89,15 @@ def main() -> None:
                         help="a `validate_simulator.py` output folder: fitted costs, profiles and traces")
     parser.add_argument("--load_trace", default=None,
                         help="trace replayed under load (default: the validated `bench-load` trace)")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated names of VARIANTS and WAITS to run (default: all of them)")
     parser.add_argument("--output_dir", required=True)
     args = parser.parse_args()
+    chosen = [*VARIANTS, *WAITS] if args.variants is None else args.variants.split(",")
+    unknown = [name for name in chosen if name not in VARIANTS and name not in WAITS]
+    if unknown:
+        parser.error(f"unknown variant(s) {unknown}; choose from {[*VARIANTS, *WAITS]}")
+    variants = [name for name in chosen if name in VARIANTS]
     folder = Path(args.validation)
     validation = json.loads((folder / "validation.json").read_text())
     embedded = next(iter(EMBEDDED_DRAFTERS.values())) / "dspark_sps_profile.json"  # where older validations' came from
@@ -101,15 +112,15 @@ def main() -> None:
     levels = [int(level) for level in args.levels.split(",")]
     bench_trace = folder / "bench.trace.json.gz"
     batch1 = batch1_rows(Trace.load(bench_trace if bench_trace.is_file() else VALIDATION / "bench.trace.json.gz"),
-                         tables, validation["batch1"]["fit"])
+                         tables, validation["batch1"]["fit"], variants)
     args.load_trace = args.load_trace or str(folder / "load.trace.json.gz")
     load_trace = Trace.load(args.load_trace)
-    load = load_rows(load_trace, load_tables, fits, levels, measured)
+    load = load_rows(load_trace, load_tables, fits, levels, measured, chosen)
     lines = ["# Hardware-aware knobs, simulated (fitted CPU cost of this machine; not a measurement)", "",
              "## Batch 1 (`bench` trace, 18 prompts, 128 tokens)", "",
              "| variant | all tok/s | speed-up | gsm8k | humaneval | mt-bench | tau |", "|---|---:|---:|---:|---:|---:|---:|"]
     by = {(r["method"], r["category"]): r for r in batch1}
-    for name in [*REFERENCES, *VARIANTS]:
+    for name in [*REFERENCES, *variants]:
         cells = [f"{by[(name, c)]['speedup']:.3f}x" for c in ("gsm8k", "humaneval", "mt-bench")]
         lines.append(f"| {name} | {by[(name, 'all')]['tokens_per_second']:.2f} | {by[(name, 'all')]['speedup']:.3f}x | "
                      + " | ".join(cells) + f" | {by[(name, 'all')]['tau']:.3f} |")
@@ -118,7 +129,7 @@ def main() -> None:
               f"{cost_note})", "",
               "| variant | " + " | ".join(map(str, levels)) + " |", "|---|" + "---:|" * len(levels)]
     target = {r["concurrency"]: r["full_load_throughput_tok_s"] for r in load if r["method"] == "target"}
-    for name in [*REFERENCES, *VARIANTS, *WAITS]:
+    for name in [*REFERENCES, *chosen]:
         values = {r["concurrency"]: r["full_load_throughput_tok_s"] / target[r["concurrency"]]
                   for r in load if r["method"] == name}
         lines.append(f"| {name} | " + " | ".join(f"{values[level]:.3f}x" for level in levels) + " |")

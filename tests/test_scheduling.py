@@ -25,6 +25,7 @@ from dspark_hf.scheduling import (
     prefix_survival_probabilities,
     schedule_verification_lengths,
     schedule_verification_lengths_async,
+    keeps_verifying,
     top_k_verification_lengths,
     verification_capacity,
 )
@@ -311,7 +312,22 @@ SCHEDULERS = {
     ),
     # Production variant: the capacity is fixed from stale confidences, before this round's drafts exist.
     "top_k_fixed_capacity": lambda speeds: lambda c1, c2: top_k_verification_lengths([[c1, c2]], 1),
+    # ... and cut by this round's confidences as they arrive (`replan`, the default), from a confident and a weak plan
+    "planned_replan_confident": lambda speeds: _planned([0.9, 0.9], speeds),
+    "planned_replan_weak": lambda speeds: _planned([0.6, 0.3], speeds),
 }
+
+
+def _planned(stale, speeds):
+    """A planned hardware-aware round (its plan from `stale`, an earlier round's confidences) as a schedule."""
+
+    def schedule(c1, c2):
+        policy = HardwareAwarePolicy(speeds, draft_seconds=0.0)
+        observe(policy, stale)
+        should_draft(policy)
+        return policy.verification_length([c1, c2])
+
+    return schedule
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULERS))
@@ -355,7 +371,8 @@ def test_hardware_aware_policy_backs_off_a_drafter_that_does_not_pay():
     # skip 1, probe, skip 2, probe, skip 4, probe, skip 4 (the cap), probe
     assert pattern == [False, True, False, False, True, False, False, False, False, True, False, False, False, False]
     observe(policy, [0.99])  # a confident probe: 1.99 tokens in 0.161 s beat plain decoding, draft every round again
-    assert should_draft(policy) and should_draft(policy) and policy.verification_length([0.1]) == 1
+    assert should_draft(policy) and should_draft(policy) and policy.verification_length([0.9]) == 1
+    assert policy.verification_length([0.05]) == 0  # this block's own draft is weak: the paid-for round verifies none
     record_outcome(policy, [0.99], verified=1, accepted=0)  # ... but the draft failed
     observe(policy, [0.3])
     assert [should_draft(policy) for _ in range(5)] == [False] * 4 + [True]  # backoff kept at the cap
@@ -448,8 +465,9 @@ def test_online_correction_pulls_overconfident_plans_down():
 
 def test_plan_smoothing_averages_survival_over_observed_rounds():
     speeds = {1: 10.0, 2: 9.0}  # one draft pays when its survival a_1 > 1/9
-    last_only = HardwareAwarePolicy(speeds, draft_seconds=0.0, plan_smoothing=0.0)  # spec 5.3
-    smoothed = HardwareAwarePolicy(speeds, draft_seconds=0.0, plan_smoothing=0.5)
+    # the plans as they are (`replan=False`: this round's 0.05 would cut any plan)
+    last_only = HardwareAwarePolicy(speeds, draft_seconds=0.0, plan_smoothing=0.0, replan=False)  # spec 5.3
+    smoothed = HardwareAwarePolicy(speeds, draft_seconds=0.0, plan_smoothing=0.5, replan=False)
     assert smoothed.plan_confidences([0.5, 0.4]) == [0.5, 0.4]  # the first round is all there is
     # a 1-slot round continues its last confidence: survival [0.1, 0.01], blended with [0.5, 0.2]
     assert smoothed.plan_confidences([0.1]) == [pytest.approx(0.3), pytest.approx(0.105 / 0.3)]
@@ -539,3 +557,37 @@ def test_speed_model_prefers_measured_step_speeds():
     assert policy.measured_speed(4, 4, profiled) is None  # past the profile: still not admissible
     policy.forget()
     assert policy.measured_speed(4, 2, profiled) == 8.0
+
+
+def test_keeps_verifying_revises_a_plan_with_the_rounds_own_confidences():
+    speeds = {1: 10.0, 2: 8.0, 3: 7.5}.get
+    # slot 0 of a width-3 plan: with c_1 = 0.5 and the plan's c_2 = 0.9, width 3 gives (1.5 + 0.45) * 7.5 = 14.6 > 10
+    assert keeps_verifying([[0.5, 0.9]], speeds, slot=0, max_width=3)
+    assert not keeps_verifying([[0.1, 0.9]], speeds, slot=0, max_width=3)  # 1.19 * 7.5 and 1.1 * 8 < 10: stop
+    # slot 1: the fresh c_2 decides between width 2 (1.5 * 8 = 12) and 3
+    assert keeps_verifying([[0.5, 0.9]], speeds, slot=1, max_width=3)
+    assert not keeps_verifying([[0.5, 0.2]], speeds, slot=1, max_width=3)  # 1.6 * 7.5 = 12.0 does not beat 12
+    assert not keeps_verifying([[0.9, 0.9]], speeds, slot=2, max_width=3)  # nothing left in the plan
+    # rows add up over one padded width: a weak row does not stop a strong one
+    assert keeps_verifying([[0.1, 0.1], [0.9, 0.9]], speeds, slot=0, max_width=3)
+
+
+def test_planned_rounds_cut_their_plan_where_this_rounds_drafts_are_weak():
+    speeds = {1: 10.0, 2: 9.0, 3: 8.5, 4: 8.0}
+    policy = HardwareAwarePolicy(speeds, draft_seconds=0.0, plan_smoothing=0.0)
+    observe(policy, [0.9, 0.9, 0.9])  # plan: 3 drafts
+    assert should_draft(policy) and policy.verification_length([0.9, 0.9, 0.9]) == 3
+    assert policy.verification_length([0.9, 0.05, 0.9]) == 1  # slot 2's own confidence is weak: stop before it
+    unplanned = HardwareAwarePolicy(speeds, draft_seconds=0.0, plan_smoothing=0.0, replan=False)
+    observe(unplanned, [0.9, 0.9, 0.9])
+    assert should_draft(unplanned) and unplanned.verification_length([0.9, 0.05, 0.9]) == 3  # the plan as it is
+    # the engine's width, cut for every row at once
+    engine = HardwareAwarePolicy({**speeds, 6: 6.0, 8: 5.0}, draft_seconds=0.0).for_engine()  # 2 rows: 9, 8, 6, 5
+    assert engine.replan and not unplanned.for_engine().replan
+    assert not engine.begin_round([[0.9, 0.9, 0.9]] * 2, 3)  # a plain round first times plain decoding at 2 rows
+    engine.end_round(RoundOutcome([[], []], [0, 0], [0, 0], drafted=False, step_seconds=1 / 9.0))
+    assert engine.begin_round([[0.9, 0.9, 0.9]] * 2, 3)
+    assert engine.verification_lengths([[0.9, 0.9, 0.9]] * 2) == [3, 3]
+    assert engine.verification_lengths([[0.9, 0.05, 0.9], [0.9, 0.1, 0.9]]) == [1, 1]
+    # a weak third draft in one row: (2 + 3.42) * 6 = 32.5 tokens/s at width 3 beat 6.19 * 5 at width 4
+    assert engine.verification_lengths([[0.9, 0.9, 0.05], [0.9, 0.9, 0.9]]) == [2, 2]

@@ -31,6 +31,7 @@ __all__ = [
     "schedule_verification_lengths",
     "verification_capacity",
     "plan_is_settled",
+    "keeps_verifying",
     "expected_tokens_by_width",
     "plan_verification_width",
     "expected_accepted_drafts",
@@ -467,6 +468,54 @@ def plan_is_settled(
         if bound > best * (1.0 - 1e-9):
             return False
     return True
+
+
+def keeps_verifying(confidences: Sequence[Sequence[float]], speed, slot: int, max_width: int) -> bool:
+    """Whether a planned round still verifies draft `slot` (0-based) now that this round's c_1..c_{slot+1} of every row
+    are known: the plan's width, revised as the block's own confidences arrive, but only ever cut.
+
+    A plan (width `max_width`, from stale confidences) bets on drafts it has not seen. Once the drafting pass has run,
+    its cost is paid, and each slot's fresh confidence says more about this block than the stale ones did. The round
+    goes on to the slot iff some width from ``slot + 2`` up to the plan's is expected to commit tokens faster than
+    stopping at ``slot + 1``, each at ``τ(width) · speed(width)``, where ``τ`` reads every row's fresh survival up to
+    the slot and the plan's stale conditional confidences beyond it (``confidences[r]`` holds both, in that order).
+
+    The decision on slot k reads c_1..c_{k+1} of this round, and c_{k+1} reads the drafts before slot k only (the
+    confidence head sees the previous draft): non-anticipating, as Algorithm 1's early break is, so lossless when
+    sampling too (docs/design.md, "Production scheduler"). A global search over this round's later confidences would
+    not be (the spec's counterexample, `../shared/docs/dspark-checkpoint-spec.md` §5.2).
+
+    Args:
+        confidences: per row, this round's calibrated c_1..c_{slot+1}, then the plan's c for later slots (a row that
+            can no longer verify the slot ends before it: its survival there is 0).
+        speed: steps per second of a forward of a given width (1 + drafts per row); `None` past the profiled sizes.
+        slot (`int`): the draft slot about to be sampled; stopping here means width ``slot + 1``.
+        max_width (`int`): the planned width.
+
+    Example:
+
+    ```python
+    >>> from dspark_hf.scheduling import keeps_verifying
+    >>> speed = {1: 10.0, 2: 8.0, 3: 7.5}.get
+    >>> keeps_verifying([[0.9, 0.8]], speed, slot=0, max_width=3)  # 1.9 tokens at 8 beat 1 at 10
+    True
+    >>> keeps_verifying([[0.1, 0.8]], speed, slot=0, max_width=3)  # this block's first draft is weak: plain step
+    False
+
+    ```
+    """
+    stop, best = None, 0.0
+    for width, expected in expected_tokens_by_width(confidences, max_width):
+        if width <= slot:
+            continue
+        rate = speed(width)
+        if rate is None:
+            break
+        if width == slot + 1:
+            stop = expected * rate
+        else:
+            best = max(best, expected * rate)
+    return stop is not None and best > stop
 
 
 def top_k_verification_lengths(confidences, capacity: int) -> list[int]:

@@ -33,6 +33,7 @@ from ..scheduling import (
     blend_survival,
     corrected_confidences,
     expected_accepted_drafts,
+    keeps_verifying,
     plan_is_settled,
     plan_verification_width,
     schedule_verification_lengths,
@@ -184,7 +185,8 @@ class HardwareAwarePolicy(_MeasuredPolicy):
       confidences ([`verification_capacity`]), so cliffs do not trap it; being planned from stale information, it is
       non-anticipating. The first round of a generation, with nothing observed yet, uses Algorithm 1. A planned round
       samples the unverified tail of its block only as far as the next plan could still change
-      ([`plan_is_settled`]).
+      ([`plan_is_settled`]). With `replan` the round then cuts its planned length short where its own confidences,
+      as they arrive slot by slot, say the rest does not pay ([`keeps_verifying`]).
 
     Plans also correct the confidences online: the policy keeps a running ratio of the drafts the target accepted
     to the number their confidences predicted (``Σ_{j<=ℓ} a_j`` per verified round, decaying with
@@ -225,6 +227,10 @@ class HardwareAwarePolicy(_MeasuredPolicy):
             sum over rows already averages.
         engine_min_gain (`float`, defaults to `ENGINE_MIN_GAIN`): the batched engine's margin: it drafts only for a
             width expected to beat plain decoding by this much ([`PlannedWidthPolicy`], `min_gain`).
+        replan (`bool`, defaults to `True`): a planned round stops verifying at the first slot where this round's
+            own confidences so far (and the plan's for the slots after) make stopping faster than any longer prefix
+            up to the plan ([`keeps_verifying`]; the drafting is paid by then). Non-anticipating, so lossless when
+            sampling too; `False` verifies the plan as it is (the paper's production scheduler).
     """
 
     def __init__(
@@ -236,6 +242,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
         outcome_decay: float | None = 0.95,
         plan_smoothing: float = 0.5,
         engine_min_gain: float = ENGINE_MIN_GAIN,
+        replan: bool = True,
     ):
         if isinstance(steps_per_second, (str, os.PathLike)):
             from ..profiling import load_steps_per_second  # lazy: profiling imports model loading
@@ -250,6 +257,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
         self.mode = mode
         self.plan_smoothing = plan_smoothing
         self.engine_min_gain = _check_min_gain(engine_min_gain)
+        self.replan = bool(replan)
         super().__init__(SpeedModel(steps_per_second, draft_seconds), max_idle_rounds, outcome_decay)
 
     @property
@@ -269,11 +277,12 @@ class HardwareAwarePolicy(_MeasuredPolicy):
     def reset(self) -> None:
         super().reset()
         self._plans: dict[int, int] = {}  # row -> drafts planned for its next round
+        self._plan_basis: dict[int, list[float]] = {}  # row -> the (uncorrected) confidences its plan read
         self._smoothed: dict[int, list[float]] = {}  # row -> running average of its observed rounds' survival
 
     def for_engine(self, steps_per_second_by_rows=None) -> "PlannedWidthPolicy":
         return PlannedWidthPolicy(self.speed_model, steps_per_second_by_rows, self.max_idle_rounds, self.outcome_decay,
-                                  self.engine_min_gain)
+                                  self.engine_min_gain, self.replan)
 
     def begin_round(self, stale_confidences, block_size: int) -> bool:
         self._block_size = block_size
@@ -294,7 +303,12 @@ class HardwareAwarePolicy(_MeasuredPolicy):
     def _verifies(self, row: int, position: int, confidences: Sequence[float]) -> bool:
         plan = self._plans.get(row)
         if self.mode == "planned" and plan is not None and not self._probing:
-            return position <= plan
+            if position > plan:
+                return False
+            if not self.replan:
+                return True
+            revised = self.corrected([*confidences[:position], *self._plan_basis[row][position:plan]])
+            return keeps_verifying([revised], self.steps_per_second, position - 1, plan + 1)
         # Algorithm 1 on this round's confidences (also the planned mode's first round, before any observation)
         prefix = self.corrected(confidences[:position])
         return schedule_verification_lengths([prefix], self.steps_per_second)[0] >= position
@@ -314,8 +328,9 @@ class HardwareAwarePolicy(_MeasuredPolicy):
             self._probing = False
             if self.mode == "planned":
                 for row, values in enumerate(outcome.confidences):
+                    self._plan_basis[row] = self.plan_confidences(values, row)
                     self._plans[row] = verification_capacity(
-                        [self.corrected(self.plan_confidences(values, row))], self.steps_per_second,
+                        [self.corrected(self._plan_basis[row])], self.steps_per_second,
                         draft_seconds=self.drafting_cost(1))  # fmt: skip
         self._record(outcome)
 
@@ -332,7 +347,8 @@ class HardwareAwarePolicy(_MeasuredPolicy):
         table = dict(zip(self.steps_per_second.sizes, self.steps_per_second.speeds))
         return (f"HardwareAwarePolicy(steps_per_second={table}, mode={self.mode!r}, draft_seconds={self.draft_seconds!r}, "
                 f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay}, "
-                f"plan_smoothing={self.plan_smoothing}, engine_min_gain={self.engine_min_gain})")
+                f"plan_smoothing={self.plan_smoothing}, engine_min_gain={self.engine_min_gain}, "
+                f"replan={self.replan})")
 
 
 class PlannedWidthPolicy(_MeasuredPolicy):
@@ -343,7 +359,9 @@ class PlannedWidthPolicy(_MeasuredPolicy):
     without one read the mean of the others, or 0.5 per slot) with [`plan_verification_width`], on the speed model's
     steps per second for this many rows and its drafting cost. Width 1 skips the drafter, with the same backoff and
     probes as [`HardwareAwarePolicy`]; a probe verifies while Algorithm 1 over widths on its own confidences extends
-    the width. A round samples unverified slots only while the next plan could still change ([`plan_is_settled`]).
+    the width. A planned round cuts its width short at the first slot where the rows' own confidences so far make
+    stopping faster than any wider forward up to the plan ([`keeps_verifying`], with `replan`). A round samples
+    unverified slots only while the next plan could still change ([`plan_is_settled`]).
 
     Args:
         speed_model ([`SpeedModel`]): the profile and measurements (shared with the [`HardwareAwarePolicy`] it came
@@ -353,6 +371,8 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         max_idle_rounds, outcome_decay: as for [`HardwareAwarePolicy`].
         min_gain (`float`, defaults to `ENGINE_MIN_GAIN`): a width above 1 is planned only when it is expected to
             beat plain decoding by this fraction ([`plan_verification_width`]).
+        replan (`bool`, defaults to `True`): cut a planned width by the round's own confidences, as
+            [`HardwareAwarePolicy`]'s `replan`.
     """
 
     def __init__(
@@ -362,26 +382,30 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         max_idle_rounds: int = 64,
         outcome_decay: float | None = 0.95,
         min_gain: float = ENGINE_MIN_GAIN,
+        replan: bool = True,
     ):
         self.steps_per_second_by_rows = steps_per_second_by_rows
         self.min_gain = _check_min_gain(min_gain)
+        self.replan = bool(replan)
         super().__init__(speed_model, max_idle_rounds, outcome_decay)
 
     def reset(self) -> None:
         super().reset()
         self._width: int | None = None
+        self._basis: list[list[float]] = []  # the (uncorrected) confidences each row's share of the plan read
         self._explored: set[int] = set()  # row counts where a plain round was run to time plain decoding
 
     def for_engine(self, steps_per_second_by_rows=None) -> "PlannedWidthPolicy":
         if steps_per_second_by_rows is None:
             return self
         return PlannedWidthPolicy(self.speed_model, steps_per_second_by_rows, self.max_idle_rounds, self.outcome_decay,
-                                  self.min_gain)
+                                  self.min_gain, self.replan)
 
     def begin_round(self, stale_confidences, block_size: int) -> bool:
         self._block_size, rows = block_size, len(stale_confidences)
         prior = _mean_confidences(stale_confidences, block_size) if not all(stale_confidences) else None
-        stale = [self.corrected(values or prior) for values in stale_confidences]
+        self._basis = [list(values or prior) for values in stale_confidences]
+        stale = [self.corrected(values) for values in self._basis]
         self._width = plan_verification_width(stale, self.speed(rows), block_size + 1,
                                               draft_seconds=self.drafting_cost(rows), min_gain=self.min_gain)
         if self._width > 1 and not self.speed_model.has_step(rows, 1) and rows not in self._explored:
@@ -398,8 +422,17 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         if self._width == 1:  # `>=`: on a flat curve float noise can make the probe width jump past the next slot
             verified = self._probe_width(confidences) >= slot + 2
         else:
-            verified = slot < self._width - 1
+            verified = slot < self._width - 1 and (not self.replan
+                                                   or self._keeps_verifying(slot, confidences, candidates))
         return [candidate and verified for candidate in candidates]
+
+    def _keeps_verifying(self, slot, confidences, candidates) -> bool:
+        """[`keeps_verifying`] for the planned width: each row's fresh c_1..c_{slot+1}, then its plan's (a row that
+        no longer verifies ends before the slot)."""
+        end = self._width - 1
+        revised = [self.corrected([*values[:slot + 1], *basis[slot + 1:end]] if candidate else values[:slot])
+                   for values, basis, candidate in zip(confidences, self._basis, candidates)]
+        return keeps_verifying(revised, self.speed(len(confidences)), slot, self._width)
 
     def settled(self, confidences) -> bool:
         rows = len(confidences)
@@ -422,7 +455,7 @@ class PlannedWidthPolicy(_MeasuredPolicy):
     def __repr__(self) -> str:
         return (f"PlannedWidthPolicy({self.speed_model!r}, steps_per_second_by_rows={self.steps_per_second_by_rows!r}, "
                 f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay}, "
-                f"min_gain={self.min_gain})")
+                f"min_gain={self.min_gain}, replan={self.replan})")
 
 
 def _check_min_gain(min_gain: float) -> float:
