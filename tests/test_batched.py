@@ -370,6 +370,17 @@ def test_compact_slots_right_aligns_each_rows_valid_slots():
     assert torch.equal(cache.layers[0].values, -cache.layers[0].keys)
 
 
+def test_select_slots_picks_each_rows_slots_from_a_view_of_a_larger_buffer():
+    from dspark_hf.generation.cache_ops import select_slots
+
+    buffer = torch.randn(3, 2, 9, 4)  # the engine's caches are views of the first slots of a larger buffer
+    states = buffer[:, :, :6]
+    order = torch.tensor([[1, 3, 4], [0, 0, 5], [2, 4, 5]])
+    expected = states.gather(2, order[:, None, :, None].expand(3, 2, 3, 4))
+    picked = select_slots(states, order)
+    assert picked.is_contiguous() and torch.equal(picked, expected)
+
+
 def test_engine_compacts_holes_and_stays_identical(monkeypatch):
     from dspark_hf.generation import cache_ops
 

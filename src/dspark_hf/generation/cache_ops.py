@@ -105,7 +105,9 @@ def compact_slots(caches: list[DynamicCache | None], slot_mask: torch.Tensor) ->
     as wide as the fullest row (shorter rows are left-padded with holes). Returns the new `slot_mask`.
 
     Valid because keys carry their rotary position already and attention ignores key order under the mask; the
-    engine keeps each row's positions separately. One gather per layer, about the cost of one cache append.
+    engine keeps each row's positions separately. The slots are picked by advanced indexing (whole head-dim vectors at
+    a time): on a 2-core CPU about 3x faster than `gather` along the slot axis, which moves one element at a time
+    (`scripts/compaction_cost.py`).
     """
     rows, width = slot_mask.shape
     kept = slot_mask.sum(dim=1)
@@ -117,8 +119,14 @@ def compact_slots(caches: list[DynamicCache | None], slot_mask: torch.Tensor) ->
         if cache is None:
             continue
         for layer in initialized_layers(cache):
-            index = order.to(layer.keys.device)[:, None, :, None]
-            layer.keys = layer.keys.gather(2, index.expand(*layer.keys.shape[:2], new_width, layer.keys.shape[-1]))
-            layer.values = layer.values.gather(
-                2, index.expand(*layer.values.shape[:2], new_width, layer.values.shape[-1]))
+            layer.keys, layer.values = select_slots(layer.keys, order), select_slots(layer.values, order)
     return torch.gather(slot_mask, 1, order)
+
+
+def select_slots(states: torch.Tensor, order: torch.LongTensor) -> torch.Tensor:
+    """`states[r, h, order[r, j]]` for every row r, head h and j: `(rows, heads, slots, dim)` -> `(rows, heads,
+    order.shape[1], dim)`, contiguous."""
+    order = order.to(states.device)
+    rows = torch.arange(states.shape[0], device=states.device)[:, None, None]
+    heads = torch.arange(states.shape[1], device=states.device)[None, :, None]
+    return states[rows, heads, order[:, None, :]]
