@@ -39,7 +39,7 @@ VARIANTS = {"defaults": {}, "plan_smoothing=0": {"plan_smoothing": 0.0},
             "outcome_decay=0.99": {"outcome_decay": 0.99}, "max_idle_rounds=16": {"max_idle_rounds": 16},
             "max_idle_rounds=256": {"max_idle_rounds": 256}, "engine_min_gain=0.05": {"engine_min_gain": 0.05},
             "engine_min_gain=0.1": {"engine_min_gain": 0.1}, "engine_min_gain=0.2": {"engine_min_gain": 0.2},
-            "replan=False": {"replan": False}}
+            "replan=False": {"replan": False}, "payoff_guard=False": {"payoff_guard": False}}
 REFERENCES = ["target", "fixed:1", "fixed:2", "threshold"]
 # the engine's knob, under load only: (method, admission_wait_rounds)
 WAITS = {f"{method} admission_wait_rounds={n}": (method, n)

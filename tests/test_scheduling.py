@@ -591,3 +591,79 @@ def test_planned_rounds_cut_their_plan_where_this_rounds_drafts_are_weak():
     assert engine.verification_lengths([[0.9, 0.05, 0.9], [0.9, 0.1, 0.9]]) == [1, 1]
     # a weak third draft in one row: (2 + 3.42) * 6 = 32.5 tokens/s at width 3 beat 6.19 * 5 at width 4
     assert engine.verification_lengths([[0.9, 0.9, 0.05], [0.9, 0.9, 0.9]]) == [2, 2]
+
+
+def test_engine_stops_drafting_where_drafted_rounds_did_not_pay():
+    speeds = {16: 10.0, 32: 10.0, 48: 9.5, 64: 9.0, 96: 8.5}  # by tokens in the forward: 16 rows verify 1-6 each
+    confident = [[0.9, 0.9]] * 16
+
+    def engine(**kwargs):
+        # no online correction of the confidences: the plans stay as optimistic as stale confidences can make them
+        policy = HardwareAwarePolicy(speeds, draft_seconds=0.0, outcome_decay=None, **kwargs).for_engine()
+        policy.begin_round(confident, 2)  # the plain round that times plain decoding at 16 rows (0.1 s)
+        policy.end_round(RoundOutcome([[]] * 16, [0] * 16, [0] * 16, drafted=False, step_seconds=0.1))
+        return policy
+
+    guarded, unguarded = engine(), engine(payoff_guard=False)
+    assert guarded.payoff_guard and not unguarded.payoff_guard
+    assert guarded.realized_payoff(16) == pytest.approx(1.2)  # the prior
+    # every drafted round commits 1.5 tokens per row and costs two plain steps (drafting 0.05 s, verifying 0.15 s)
+    weak = RoundOutcome(confident, [2] * 16, [1, 0] * 8, draft_seconds=0.05, step_seconds=0.15)
+    drafted = []
+    for policy in (guarded, unguarded):
+        drafted.append(0)
+        for _ in range(8):
+            if not policy.begin_round(confident, 2):
+                break
+            drafted[-1] += 1
+            policy.end_round(weak)
+    assert drafted == [2, 8]  # the plan drafts all along; the guard stops it after two rounds of evidence, not one
+    assert guarded.realized_payoff(16) < 1.0 < guarded.realized_payoff(15)  # per row count: none yet at 15 rows
+    plain = RoundOutcome([[]] * 16, [0] * 16, [0] * 16, drafted=False, step_seconds=0.1)
+
+    def run(policy, outcome, rounds=40):
+        count = 0
+        for _ in range(rounds):
+            test = policy.begin_round(confident, 2)
+            count += test
+            policy.end_round(outcome if test else plain)
+        return count
+
+    # guarded, the rounds decode plainly and test the plan with backoff (after 1, 2, 4, ... plain rounds) ...
+    assert run(guarded, weak) <= 6 and run(unguarded, weak) == 40
+    assert guarded.realized_payoff(16) < 1.0
+    # ... and tests that pay lift the guard: the plan drafts every round again
+    paying = RoundOutcome(confident, [2] * 16, [2] * 16, draft_seconds=0.0, step_seconds=0.1)
+    run(guarded, paying, rounds=200)
+    assert guarded.realized_payoff(16) > 1.0 and run(guarded, paying) == 40
+
+
+def test_payoff_guard_weighs_rounds_by_their_rows():
+    weak = [1.5, 2.0]  # tokens per row and plain steps of a losing round (a payoff of 0.75)
+    stopped = {}
+    for rows in (2, 32):
+        policy = HardwareAwarePolicy({64: 10.0}, draft_seconds=0.0).for_engine()
+        rounds = 0
+        while policy.realized_payoff(rows) >= 1.0:
+            policy._planned_round = True
+            policy.end_round(RoundOutcome([[0.9]] * rows, [1] * rows, [1] * (rows // 2) + [0] * (rows // 2),
+                                          draft_seconds=0.0, step_seconds=weak[1] / policy.speed(rows)(1)))
+            rounds += 1
+        stopped[rows] = rounds
+    assert stopped[32] <= 2 < 15 <= stopped[2]  # a round of 2 rows is a noisy forecast: it takes many to stop them
+
+
+def test_payoff_guard_counts_planned_rounds_with_their_drafting_pass_and_every_rows_tokens():
+    policy = HardwareAwarePolicy({1: 10.0, 2: 10.0, 4: 9.0}, draft_seconds=0.0).for_engine()
+    policy.end_round(RoundOutcome([[], []], [0, 0], [0, 0], drafted=False, step_seconds=0.1))  # times plain decoding
+    assert policy.begin_round([[0.9], [0.9]], 1)  # planned: one draft per row
+    # 2 + 1 = 3 tokens for (0.1 + 0.2) s = 3 plain steps of 2 rows: a payoff of 0.5
+    policy.end_round(RoundOutcome([[0.9], [0.9]], [1, 1], [1, 0], draft_seconds=0.1, step_seconds=0.2))
+    tokens, cost = policy._payoff[2]
+    assert tokens == pytest.approx(3.0) and cost == pytest.approx(6.0)
+    policy.end_round(RoundOutcome([[], []], [0, 0], [0, 0], drafted=False, step_seconds=0.1))  # plain: not counted
+    assert not policy.begin_round([[0.1], [0.1]], 1)  # nothing planned: plain (the backoff's first skip) ...
+    policy.end_round(RoundOutcome([[], []], [0, 0], [0, 0], drafted=False, step_seconds=0.1))
+    assert policy.begin_round([[0.1], [0.1]], 1)  # ... then a probe, which does not count either
+    policy.end_round(RoundOutcome([[0.1], [0.1]], [0, 0], [0, 0], draft_seconds=0.1, step_seconds=0.1))
+    assert policy._payoff[2] == [tokens, cost]

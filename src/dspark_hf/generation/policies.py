@@ -72,6 +72,16 @@ __all__ = [
 # at 1-4 requests and changed nothing at 16-32, and on this machine an A/B could not tell 0 from 0.1 at 16-32.
 ENGINE_MIN_GAIN = 0.0
 
+# The batched engine's check of its plans against what planned rounds returned (`PlannedWidthPolicy.payoff_guard`):
+# a planned round's payoff is the tokens it committed per row over its drafting and verification time in plain steps
+# of that many rows. The running payoff per row count weighs each round by its rows (a round of 32 rows is 32 rows'
+# evidence, a round of 2 rows is a noisy one), decays by `PAYOFF_DECAY` per planned round (about twenty rounds of
+# memory) and starts from `PAYOFF_PRIOR_ROWS` row-rounds at `PAYOFF_PRIOR`: at 32 rows a few rounds that lose stop
+# the plans, at 2 rows, where drafting pays most, one unlucky round does not.
+PAYOFF_DECAY = 0.95
+PAYOFF_PRIOR_ROWS = 64.0
+PAYOFF_PRIOR = 1.2
+
 
 class _MeasuredPolicy(VerificationPolicy):
     """What the hardware-aware policies share: a [`SpeedModel`], the online correction of confidences by the drafts
@@ -231,6 +241,8 @@ class HardwareAwarePolicy(_MeasuredPolicy):
             own confidences so far (and the plan's for the slots after) make stopping faster than any longer prefix
             up to the plan ([`keeps_verifying`]; the drafting is paid by then). Non-anticipating, so lossless when
             sampling too; `False` verifies the plan as it is (the paper's production scheduler).
+        payoff_guard (`bool`, defaults to `True`): the batched engine stops drafting at a row count where drafted
+            rounds have recently paid less than plain decoding ([`PlannedWidthPolicy`], `payoff_guard`).
     """
 
     def __init__(
@@ -243,6 +255,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
         plan_smoothing: float = 0.5,
         engine_min_gain: float = ENGINE_MIN_GAIN,
         replan: bool = True,
+        payoff_guard: bool = True,
     ):
         if isinstance(steps_per_second, (str, os.PathLike)):
             from ..profiling import load_steps_per_second  # lazy: profiling imports model loading
@@ -258,6 +271,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
         self.plan_smoothing = plan_smoothing
         self.engine_min_gain = _check_min_gain(engine_min_gain)
         self.replan = bool(replan)
+        self.payoff_guard = bool(payoff_guard)
         super().__init__(SpeedModel(steps_per_second, draft_seconds), max_idle_rounds, outcome_decay)
 
     @property
@@ -282,7 +296,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
 
     def for_engine(self, steps_per_second_by_rows=None) -> "PlannedWidthPolicy":
         return PlannedWidthPolicy(self.speed_model, steps_per_second_by_rows, self.max_idle_rounds, self.outcome_decay,
-                                  self.engine_min_gain, self.replan)
+                                  self.engine_min_gain, self.replan, self.payoff_guard)
 
     def begin_round(self, stale_confidences, block_size: int) -> bool:
         self._block_size = block_size
@@ -348,7 +362,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
         return (f"HardwareAwarePolicy(steps_per_second={table}, mode={self.mode!r}, draft_seconds={self.draft_seconds!r}, "
                 f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay}, "
                 f"plan_smoothing={self.plan_smoothing}, engine_min_gain={self.engine_min_gain}, "
-                f"replan={self.replan})")
+                f"replan={self.replan}, payoff_guard={self.payoff_guard})")
 
 
 class PlannedWidthPolicy(_MeasuredPolicy):
@@ -363,6 +377,15 @@ class PlannedWidthPolicy(_MeasuredPolicy):
     stopping faster than any wider forward up to the plan ([`keeps_verifying`], with `replan`). A round samples
     unverified slots only while the next plan could still change ([`plan_is_settled`]).
 
+    Plans read stale confidences, and where the policy drafts selectively, after rounds whose confidences were high,
+    the next blocks regress toward the mean: at 32 rows on a 2-core CPU drafted rounds committed ~1.9 tokens per row
+    for ~2.1 plain steps of time, although their plans expected a gain. With `payoff_guard` the policy keeps, per row
+    count, the payoff its planned rounds actually had (`realized_payoff`: tokens per row over their cost in plain
+    steps) and overrules a plan to draft while that payoff is below what plans must beat (``1 + min_gain``): those
+    rounds decode plainly, except that after 1, 2, 4, ... `max_idle_rounds` of them one round runs its plan as a test
+    (probes test what they would stop, the plans, not Algorithm 1's shorter widths), and tests that pay lift the
+    guard. It reads finished rounds only, so it is lossless like the plan.
+
     Args:
         speed_model ([`SpeedModel`]): the profile and measurements (shared with the [`HardwareAwarePolicy`] it came
             from, so that measurements carry over between engines).
@@ -373,6 +396,8 @@ class PlannedWidthPolicy(_MeasuredPolicy):
             beat plain decoding by this fraction ([`plan_verification_width`]).
         replan (`bool`, defaults to `True`): cut a planned width by the round's own confidences, as
             [`HardwareAwarePolicy`]'s `replan`.
+        payoff_guard (`bool`, defaults to `True`): overrule plans to draft at a row count where drafted rounds have
+            recently paid less than plain decoding (above).
     """
 
     def __init__(
@@ -383,10 +408,12 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         outcome_decay: float | None = 0.95,
         min_gain: float = ENGINE_MIN_GAIN,
         replan: bool = True,
+        payoff_guard: bool = True,
     ):
         self.steps_per_second_by_rows = steps_per_second_by_rows
         self.min_gain = _check_min_gain(min_gain)
         self.replan = bool(replan)
+        self.payoff_guard = bool(payoff_guard)
         super().__init__(speed_model, max_idle_rounds, outcome_decay)
 
     def reset(self) -> None:
@@ -394,12 +421,23 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         self._width: int | None = None
         self._basis: list[list[float]] = []  # the (uncorrected) confidences each row's share of the plan read
         self._explored: set[int] = set()  # row counts where a plain round was run to time plain decoding
+        # rows -> decayed sums of (tokens, cost in plain steps x rows) of planned rounds (`realized_payoff`)
+        self._payoff: dict[int, list[float]] = {}
+        self._planned_round = False  # this round verifies a plan (or tests one for the guard): its payoff counts
 
     def for_engine(self, steps_per_second_by_rows=None) -> "PlannedWidthPolicy":
         if steps_per_second_by_rows is None:
             return self
         return PlannedWidthPolicy(self.speed_model, steps_per_second_by_rows, self.max_idle_rounds, self.outcome_decay,
-                                  self.min_gain, self.replan)
+                                  self.min_gain, self.replan, self.payoff_guard)
+
+    def realized_payoff(self, rows: int) -> float:
+        """Tokens per row that recent planned rounds of `rows` rows committed per plain step of time they took (their
+        drafting pass and verification forward), each round weighed by its rows and decayed by `PAYOFF_DECAY` per
+        round, from a prior of `PAYOFF_PRIOR_ROWS` row-rounds at `PAYOFF_PRIOR`. Above 1: the plans have paid at this
+        row count."""
+        tokens, cost = self._payoff.get(rows, (0.0, 0.0))
+        return (tokens + PAYOFF_PRIOR_ROWS * PAYOFF_PRIOR) / (cost + PAYOFF_PRIOR_ROWS)
 
     def begin_round(self, stale_confidences, block_size: int) -> bool:
         self._block_size, rows = block_size, len(stale_confidences)
@@ -414,6 +452,13 @@ class PlannedWidthPolicy(_MeasuredPolicy):
             # lookup the round may verify lookup drafts instead, and then the profile stays the guess).
             self._explored.add(rows)
             self._width = 1
+            return False
+        self._planned_round = self._width > 1
+        if self._planned_round and self.payoff_guard and self.realized_payoff(rows) < 1.0 + self.min_gain:
+            # planned rounds have not paid here lately: decode plainly, testing the plan with the probes' backoff
+            if self.draft_this_round(True):
+                return True
+            self._width, self._planned_round = 1, False
             return False
         return self.draft_this_round(self._width == 1)
 
@@ -441,6 +486,17 @@ class PlannedWidthPolicy(_MeasuredPolicy):
 
     def end_round(self, outcome: RoundOutcome) -> None:
         self._record(outcome)
+        rows, planned, self._planned_round = len(outcome.verified), self._planned_round, False
+        if not (planned and outcome.drafted and rows and outcome.draft_seconds is not None
+                and outcome.step_seconds is not None):
+            return
+        plain = self.speed(rows)(1)
+        if not plain:
+            return
+        tokens = sum(accepted + 1 for accepted in outcome.accepted)
+        cost = (outcome.draft_seconds + outcome.step_seconds) * plain * rows
+        past = self._payoff.get(rows, (0.0, 0.0))
+        self._payoff[rows] = [PAYOFF_DECAY * past[0] + tokens, PAYOFF_DECAY * past[1] + cost]
 
     def _probe_width(self, confidences) -> int:
         """A probe's width: Algorithm 1 over widths on this round's (corrected) confidences; its drafting is paid."""
@@ -455,7 +511,7 @@ class PlannedWidthPolicy(_MeasuredPolicy):
     def __repr__(self) -> str:
         return (f"PlannedWidthPolicy({self.speed_model!r}, steps_per_second_by_rows={self.steps_per_second_by_rows!r}, "
                 f"max_idle_rounds={self.max_idle_rounds}, outcome_decay={self.outcome_decay}, "
-                f"min_gain={self.min_gain}, replan={self.replan})")
+                f"min_gain={self.min_gain}, replan={self.replan}, payoff_guard={self.payoff_guard})")
 
 
 def _check_min_gain(min_gain: float) -> float:
