@@ -403,7 +403,7 @@ class DSparkBatchEngine:
             if self.policy.begin_round(stale, block_size):
                 # the context pending since the last sync is ingested before the drafting pass is timed: it is owed
                 # whether or not this round drafts (at the latest after `MAX_PENDING_SLOTS` slots); charged to drafting
-                # it made a pass after a long plain stretch look up to ~40% dearer (`scripts/catch_up_cost.py`)
+                # it made a pass after 20 plain rounds look ~40% dearer at 32 rows (`scripts/catch_up_cost.py`)
                 self._sync_context()
                 start = self.clock()
                 draft = self._draft(budgets)

@@ -241,7 +241,7 @@ class HardwareAwarePolicy(_MeasuredPolicy):
             own confidences so far (and the plan's for the slots after) make stopping faster than any longer prefix
             up to the plan ([`keeps_verifying`]; the drafting is paid by then). Non-anticipating, so lossless when
             sampling too; `False` verifies the plan as it is (the paper's production scheduler).
-        payoff_guard (`bool`, defaults to `True`): the batched engine stops drafting at a row count where drafted
+        payoff_guard (`bool`, defaults to `True`): the batched engine stops drafting at a row count where its planned
             rounds have recently paid less than plain decoding ([`PlannedWidthPolicy`], `payoff_guard`).
     """
 
@@ -396,7 +396,7 @@ class PlannedWidthPolicy(_MeasuredPolicy):
             beat plain decoding by this fraction ([`plan_verification_width`]).
         replan (`bool`, defaults to `True`): cut a planned width by the round's own confidences, as
             [`HardwareAwarePolicy`]'s `replan`.
-        payoff_guard (`bool`, defaults to `True`): overrule plans to draft at a row count where drafted rounds have
+        payoff_guard (`bool`, defaults to `True`): overrule plans to draft at a row count where planned rounds have
             recently paid less than plain decoding (above).
     """
 
