@@ -505,8 +505,7 @@ class DSparkBatchEngine:
     def _draft(self, budgets: list[int]) -> DraftedBlock:
         """One drafter forward for every row, then the shared left-to-right sampling with the Markov bias
         (`drafting.sample_drafts`), each row verifying at most its budget and the policy deciding slot by slot. The
-        context the drafter has not seen yet is ingested first (`_round` does it before timing the pass)."""
-        self._sync_context()
+        context the drafter has not seen yet must be ingested first (`_round` does it before timing the pass)."""
         config, rows = self.drafter.config, len(self.active)
         block_ids, positions = block_inputs(self.anchor, self.next_position, config.block_size, config.mask_token_id)
         attention = torch.cat([self.slot_mask, self.slot_mask.new_ones(rows, config.block_size)], dim=1)
