@@ -645,7 +645,7 @@ def test_payoff_guard_weighs_rounds_by_their_rows():
         policy = HardwareAwarePolicy({64: 10.0}, draft_seconds=0.0).for_engine()
         rounds = 0
         while policy.realized_payoff(rows) >= 1.0:
-            policy._planned_round = True
+            policy._width = 2  # a planned round
             policy.end_round(RoundOutcome([[0.9]] * rows, [1] * rows, [1] * (rows // 2) + [0] * (rows // 2),
                                           draft_seconds=0.0, step_seconds=weak[1] / policy.speed(rows)(1)))
             rounds += 1

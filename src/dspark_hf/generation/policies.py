@@ -423,7 +423,6 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         self._explored: set[int] = set()  # row counts where a plain round was run to time plain decoding
         # rows -> decayed sums of (tokens, cost in plain steps x rows) of planned rounds (`realized_payoff`)
         self._payoff: dict[int, list[float]] = {}
-        self._planned_round = False  # this round verifies a plan (or tests one for the guard): its payoff counts
 
     def for_engine(self, steps_per_second_by_rows=None) -> "PlannedWidthPolicy":
         if steps_per_second_by_rows is None:
@@ -453,12 +452,11 @@ class PlannedWidthPolicy(_MeasuredPolicy):
             self._explored.add(rows)
             self._width = 1
             return False
-        self._planned_round = self._width > 1
-        if self._planned_round and self.payoff_guard and self.realized_payoff(rows) < 1.0 + self.min_gain:
+        if self._width > 1 and self.payoff_guard and self.realized_payoff(rows) < 1.0 + self.min_gain:
             # planned rounds have not paid here lately: decode plainly, testing the plan with the probes' backoff
             if self.draft_this_round(True):
                 return True
-            self._width, self._planned_round = 1, False
+            self._width = 1
             return False
         return self.draft_this_round(self._width == 1)
 
@@ -486,7 +484,8 @@ class PlannedWidthPolicy(_MeasuredPolicy):
 
     def end_round(self, outcome: RoundOutcome) -> None:
         self._record(outcome)
-        rows, planned, self._planned_round = len(outcome.verified), self._planned_round, False
+        # a round that verified a plan (or tested one for the guard) has a width above 1; probes and plain rounds do not
+        rows, planned = len(outcome.verified), (self._width or 1) > 1
         if not (planned and outcome.drafted and rows and outcome.draft_seconds is not None
                 and outcome.step_seconds is not None):
             return
