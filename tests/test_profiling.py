@@ -74,6 +74,34 @@ def test_profile_recovers_a_jagged_curve_exactly():
         assert key in metadata
 
 
+def test_batches_are_timed_as_the_batched_engine_runs_them():
+    """One row is timed as `generate` decodes (transformers' cache, no mask); several rows as the batched engine's
+    forwards run (its appending cache, a mask over the slots with a padding slot per row): without a mask
+    transformers takes another attention path, and the costs the engine plans with would not be its own."""
+    from dspark_hf.generation.cache_ops import AppendingLayer
+
+    seen = []
+
+    class Recording(ClockedTarget):
+        def forward(self, input_ids, cache, use_cache, **kwargs):
+            seen.append((input_ids.shape, type(cache.layers[0]), kwargs.get("attention_mask")))
+            return super().forward(input_ids, cache, use_cache, **kwargs)
+
+    clock = FakeClock()
+    profile = profile_steps_per_second(Recording(make_target(), clock), max_tokens=3, batch_sizes=[1, 2],
+                                       context_length=6, warmup=0, repeats=1, timer=clock)
+    assert profile["settings"]["batched_layout"] == "engine"
+    one_row = [s for s in seen if s[0][0] == 1]
+    two_rows = [s for s in seen if s[0][0] == 2]
+    assert one_row and all(mask is None and layer is not AppendingLayer for _, layer, mask in one_row)
+    assert two_rows and all(layer is AppendingLayer for _, layer, _ in two_rows)
+    for shape, _, mask in two_rows:
+        width = 6 if shape[1] == 6 else 6 + shape[1]  # the prefill, then k new tokens over the 6-slot context
+        assert mask.shape == (2, width) and not mask[:, 0].any() and mask[:, 1:].all()
+    # the timings are the same forwards': the fake clock charges COST[k] per row either way
+    assert profile["by_batch_size"]["2"] == {str(k): pytest.approx(0.5 / COST[k]) for k in (1, 2, 3)}
+
+
 def test_a_profiled_cliff_drives_the_scheduler(tmp_path):
     clock = FakeClock()
     profile = profile_steps_per_second(ClockedTarget(make_target(), clock), max_tokens=5, context_length=8,

@@ -46,6 +46,10 @@ PROFILE_FORMAT = "dspark-hf-sps-profile"
 # `prompt_lookup_num_tokens=10` lookup drafts (wider forwards are never verified).
 FIRST_USE_MAX_TOKENS = 16
 PROFILE_VERSION = 1
+# How profiles time batches of several rows: as the batched engine runs them (`time_verification_forwards`,
+# `engine_layout`). Profiles without it timed them as one sequence is timed, at up to ~2x the engine's cost per step;
+# the batched engine does not plan from those.
+BATCHED_LAYOUT = "engine"
 
 
 def _synchronize(device: torch.device) -> None:
@@ -67,6 +71,7 @@ def time_verification_forwards(
     seed: int = 0,
     forward_kwargs: dict | None = None,
     on_forward: Callable[[], None] | None = None,
+    engine_layout: bool = False,
 ) -> dict[int, list[float]]:
     """Wall-clock seconds of target forwards of `k` new tokens per row over a `context_length`-token cache.
 
@@ -80,6 +85,12 @@ def time_verification_forwards(
         forward_kwargs (`dict`, *optional*): extra arguments of every forward, e.g. the
             ``output_hidden_states=[...]`` request that DSpark's verification forwards carry.
         on_forward (`Callable[[], None]`, *optional*): called after every forward (a progress bar's `update`).
+        engine_layout (`bool`, defaults to `False`): time the forwards as the batched engine runs them
+            (`generation.batched.engine_forward`: its appending cache, an attention mask over the slots with one
+            padding slot per row, as rows of different lengths have, and packed or native grouped-query attention),
+            instead of as `generate` runs one sequence (transformers' cache, no mask). The two differ far more than
+            rounding: without a mask transformers runs grouped-query attention head by head, which at 32 rows of
+            SmolLM2-135M in bf16 made a one-token forward cost ~2x the engine's (`benchmarks/results/profile-layout/`).
 
     Returns:
         `dict[int, list[float]]`: the `repeats` timings of each size.
@@ -93,16 +104,33 @@ def time_verification_forwards(
     vocab_size = model.config.get_text_config().vocab_size
     generator = torch.Generator().manual_seed(seed)
     context = torch.randint(vocab_size, (batch_size, context_length), generator=generator)
-    cache = DynamicCache(config=model.config)
     forward_kwargs = forward_kwargs or {}
-    model(input_ids=context.to(device), cache=cache, use_cache=True, **forward_kwargs)
+    if engine_layout:
+        from .generation.batched import engine_forward
+        from .generation.cache_ops import slot_cache
+
+        cache = slot_cache(model.config)
+        slots = torch.ones(batch_size, context_length, dtype=torch.bool, device=device)
+        slots[:, 0] = False  # a padding slot: the engine's rows are left-padded to a shared slot axis
+
+        def forward(ids):
+            width, start = ids.shape[1], cache.get_seq_length()
+            mask = torch.cat([slots, slots.new_ones(batch_size, width)], dim=1)[:, : start + width]
+            positions = torch.arange(start, start + width, device=device).expand(batch_size, width)
+            return engine_forward(model, ids, mask, positions, cache, **forward_kwargs)
+    else:
+        cache = DynamicCache(config=model.config)
+
+        def forward(ids):
+            return model(input_ids=ids, cache=cache, use_cache=True, **forward_kwargs)
+    forward(context.to(device))
     timings = {k: [] for k in num_tokens}
     for round_index in range(warmup + repeats):
         for k in num_tokens:
             new_tokens = torch.randint(vocab_size, (batch_size, k), generator=generator).to(device)
             _synchronize(device)
             start = timer()
-            model(input_ids=new_tokens, cache=cache, use_cache=True, **forward_kwargs)
+            forward(new_tokens)
             _synchronize(device)
             elapsed = timer() - start
             cache.crop(-k)  # drop the verified tokens again, as a rejected draft block would be
@@ -169,7 +197,7 @@ def profile_steps_per_second(
     for rows in all_rows:
         timings = time_verification_forwards(
             model, sizes, rows, context_length, warmup, repeats, timer, forward_kwargs=forward_kwargs,
-            on_forward=bar.update,
+            on_forward=bar.update, engine_layout=rows > 1,
         )
         seconds[str(rows)] = {str(k): t for k, t in timings.items()}
         by_batch_size[str(rows)] = {str(k): 1.0 / statistics.median(t) for k, t in timings.items()}
@@ -190,6 +218,8 @@ def profile_steps_per_second(
             "repeats": repeats,
             "statistic": "median",
             "forward_kwargs": forward_kwargs or {},
+            # one row timed as `generate` runs it, several as the batched engine does (`time_verification_forwards`)
+            "batched_layout": BATCHED_LAYOUT,
         },
         "metadata": {
             **machine_metadata(model.device),
@@ -251,6 +281,7 @@ def _profile_fits(profile: dict, target: torch.nn.Module, max_tokens: int, batch
         and settings.get("dtype") == str(target.dtype)
         and int(settings.get("max_tokens", 0)) >= max_tokens
         and {str(int(b)) for b in batch_sizes} <= set(profile.get("by_batch_size") or {"1": None})
+        and (all(int(b) == 1 for b in batch_sizes) or settings.get("batched_layout") == BATCHED_LAYOUT)
     )
 
 
@@ -267,7 +298,8 @@ def _cached_profile_path(target: torch.nn.Module, max_tokens: int, forward_kwarg
         "architecture": architecture, "dtype": str(target.dtype), "max_tokens": max_tokens,
         "forward_kwargs": forward_kwargs,
         "machine": {k: here[k] for k in ("device", "device_name", "cpu_count", "torch_num_threads", "torch")},
-        **({"batch_sizes": sorted(set(int(b) for b in batch_sizes))} if list(batch_sizes) != [1] else {}),
+        **({"batch_sizes": sorted(set(int(b) for b in batch_sizes)), "batched_layout": BATCHED_LAYOUT}
+           if list(batch_sizes) != [1] else {}),
     }, sort_keys=True, default=str)
     return cache_dir() / "profiles" / f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
 
@@ -367,7 +399,14 @@ def load_speed_tables(path: str | os.PathLike) -> dict[int, dict[int, float]]:
     if not isinstance(data, dict) or "by_batch_size" not in data:
         raise ValueError(f"{path} is not a `dspark-hf profile` file (no by_batch_size tables); profile with "
                          f"`dspark-hf profile --batch_sizes 1 2 4 ... --output {path}`.")
-    return {int(rows): {int(k): float(v) for k, v in table.items()} for rows, table in data["by_batch_size"].items()}
+    tables = {int(rows): {int(k): float(v) for k, v in table.items()} for rows, table in data["by_batch_size"].items()}
+    if any(rows > 1 for rows in tables) and (data.get("settings") or {}).get("batched_layout") != BATCHED_LAYOUT:
+        logger.warning_once(
+            f"The profile {path} timed its batches of several rows as one sequence is timed, which on CPUs costs up to "
+            f"~2x what the batched engine's forwards cost; re-profile with `dspark-hf profile --batch_sizes ...` for "
+            f"plans that fit the engine."
+        )
+    return tables
 
 
 @dataclass

@@ -45,6 +45,16 @@ AUTO_ADMISSION = "auto"
 AUTO_MAX_WAIT_ROUNDS = 8
 
 
+def engine_forward(target: PreTrainedModel, input_ids, attention_mask, position_ids, cache, **kwargs):
+    """A target forward as the engine runs it: over its slot axis, under the 2-D `attention_mask` of its slots (holes
+    masked), with grouped-query attention native or packed for multi-token forwards (`gqa`). `dspark-hf profile` times
+    batches of rows through this too, so that the costs the hardware-aware policy plans with are the engine's."""
+    width = input_ids.shape[1]
+    with native_gqa(target.device, width), packed_gqa(target, width):
+        return target(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids,
+                      cache=cache, use_cache=True, **kwargs)
+
+
 def check_admission_wait_rounds(value: int | str) -> int | str:
     """`value` if the engine takes it as `admission_wait_rounds` (an int >= 0 or "auto"), else a one-line error."""
     if value == AUTO_ADMISSION or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
@@ -267,9 +277,8 @@ class DSparkBatchEngine:
         """Logits (float32) at the last `logits_to_keep` positions (0: all) and the drafter's context features."""
         indices = self._hidden_state_indices()
         kwargs = {"output_hidden_states": indices} if indices else {}
-        with native_gqa(self.device, input_ids.shape[1]), packed_gqa(self.target, input_ids.shape[1]):
-            out = self.target(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids,
-                              cache=cache, use_cache=True, logits_to_keep=logits_to_keep, **kwargs)
+        out = engine_forward(self.target, input_ids, attention_mask, position_ids, cache,
+                             logits_to_keep=logits_to_keep, **kwargs)
         features = None
         if indices:
             features = torch.cat([out.hidden_states[i] for i in indices], dim=-1)

@@ -124,7 +124,7 @@ def packing_wanted(device: torch.device | str, num_new_tokens: int, dtype: torch
 def packed_gqa(model: torch.nn.Module, num_new_tokens: int):
     """Runs `model` on packed grouped-query attention ([`packed_sdpa_attention_forward`]) inside the block when
     [`packing_wanted`] and the model runs SDPA (a text model with one config); its implementation is restored after."""
-    if not (packing_wanted(model.device, num_new_tokens, model.dtype) and _packable_model(model)):
+    if not (packing_wanted(model.device, num_new_tokens, getattr(model, "dtype", None)) and _packable_model(model)):
         yield
         return
     model.config._attn_implementation = PACKED
