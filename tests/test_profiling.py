@@ -102,6 +102,25 @@ def test_batches_are_timed_as_the_batched_engine_runs_them():
     assert profile["by_batch_size"]["2"] == {str(k): pytest.approx(0.5 / COST[k]) for k in (1, 2, 3)}
 
 
+def test_a_profile_of_several_rows_timed_the_old_way_is_flagged(tmp_path, caplog):
+    clock = FakeClock()
+    profile = profile_steps_per_second(ClockedTarget(make_target(), clock), max_tokens=2, batch_sizes=[1, 2],
+                                       context_length=4, warmup=0, repeats=1, timer=clock)
+    save_profile(profile, tmp_path / "now.json")
+    del profile["settings"]["batched_layout"]  # as profiles measured before 2026-12-07 are
+    save_profile(profile, tmp_path / "before.json")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            assert load_speed_tables(tmp_path / "now.json") == load_speed_tables(tmp_path / "before.json")
+    finally:
+        hf_logging.disable_propagation()
+    flagged = [r.getMessage() for r in caplog.records if "re-profile" in r.getMessage()]
+    assert len(flagged) == 1 and "before.json" in flagged[0]
+
+
 def test_a_profiled_cliff_drives_the_scheduler(tmp_path):
     clock = FakeClock()
     profile = profile_steps_per_second(ClockedTarget(make_target(), clock), max_tokens=5, context_length=8,
