@@ -47,8 +47,8 @@ PROFILE_FORMAT = "dspark-hf-sps-profile"
 FIRST_USE_MAX_TOKENS = 16
 PROFILE_VERSION = 1
 # How profiles time batches of several rows: as the batched engine runs them (`time_verification_forwards`,
-# `engine_layout`). Profiles without it timed them as one sequence is timed, at up to ~2x the engine's cost per step;
-# the batched engine does not plan from those.
+# `engine_layout`). Profiles without it timed them as one sequence is timed, at up to 2.5x the engine's cost per step:
+# on first use they are measured again, and a file passed in that lacks it gets a warning (`load_speed_tables`).
 BATCHED_LAYOUT = "engine"
 
 
@@ -90,7 +90,7 @@ def time_verification_forwards(
             padding slot per row, as rows of different lengths have, and packed or native grouped-query attention),
             instead of as `generate` runs one sequence (transformers' cache, no mask). The two differ far more than
             rounding: without a mask transformers runs grouped-query attention head by head, which at 32 rows of
-            SmolLM2-135M in bf16 made a one-token forward cost ~2x the engine's (`benchmarks/results/profile-layout/`).
+            SmolLM2-135M in bf16 made a one-token forward cost 2.5x the engine's (`benchmarks/results/profile-layout/`).
 
     Returns:
         `dict[int, list[float]]`: the `repeats` timings of each size.
@@ -403,7 +403,7 @@ def load_speed_tables(path: str | os.PathLike) -> dict[int, dict[int, float]]:
     if any(rows > 1 for rows in tables) and (data.get("settings") or {}).get("batched_layout") != BATCHED_LAYOUT:
         logger.warning_once(
             f"The profile {path} timed its batches of several rows as one sequence is timed, which on CPUs costs up to "
-            f"~2x what the batched engine's forwards cost; re-profile with `dspark-hf profile --batch_sizes ...` for "
+            f"2.5x what the batched engine's forwards cost; re-profile with `dspark-hf profile --batch_sizes ...` for "
             f"plans that fit the engine."
         )
     return tables
