@@ -18,9 +18,8 @@ from pathlib import Path
 import torch
 
 from dspark_hf.benchmarks.bench import machine_info, version_info
-from dspark_hf.modeling_dspark import DSparkDrafter
 from dspark_hf.models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, load_target, target_dtype
-from dspark_hf.profiling import time_verification_forwards
+from dspark_hf.profiling import _drafter_forward_kwargs, time_verification_forwards
 
 LAYOUTS = {"as one sequence (before)": False, "as the engine runs it (now)": True}
 
@@ -35,8 +34,8 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True)
     args = parser.parse_args(argv)
     target, _ = load_target(DEFAULT_TARGET, dtype=target_dtype(args.target_dtype))
-    layer_ids = DSparkDrafter.config_class.from_pretrained(EMBEDDED_DRAFTERS[DEFAULT_TARGET]).target_layer_ids
-    forward_kwargs = {"output_hidden_states": [i + 1 for i in layer_ids]}  # as DSpark's verification forwards ask
+    # the hidden states DSpark's verification forwards ask for, as `dspark-hf profile --drafter` reads them
+    forward_kwargs = _drafter_forward_kwargs(str(EMBEDDED_DRAFTERS[DEFAULT_TARGET]))
     results = {}
     with torch.no_grad():
         for rows in args.rows:
