@@ -33,6 +33,13 @@ _OPTIONAL_KEYS = ("confidence_temperatures", "target_model_type", "target_text_m
                   "target_name_or_path")
 
 
+def hidden_state_indices(target_layer_ids) -> list[int]:
+    """Where the layers of `target_layer_ids` sit in a target's `hidden_states` output: ``i + 1`` for layer ``i``
+    (index 0 is the embedding output, layer -1). A verification forward asks for exactly these
+    (``output_hidden_states=[...]``)."""
+    return [int(i) + 1 for i in target_layer_ids]
+
+
 @dataclass(kw_only=True)
 class DSparkKeys:
     """The DSpark keys of every drafter config (docs/design.md, "Checkpoint layout"), shared by [`DSparkConfig`] and the
@@ -92,6 +99,11 @@ class DSparkKeys:
     def num_context_features(self) -> int:
         """Width of the concatenated target features, ``len(target_layer_ids) * hidden_size``."""
         return len(self.target_layer_ids) * self.hidden_size
+
+    @property
+    def hidden_state_indices(self) -> list[int]:
+        """The indices of the target's `hidden_states` the drafter reads ([`hidden_state_indices`])."""
+        return hidden_state_indices(self.target_layer_ids)
 
     # --- what every drafter family shares; each config class sets `drafter_family` ------------------------------
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
-from .configuration_dspark import MARKOV_HEAD_TYPES
+from .configuration_dspark import MARKOV_HEAD_TYPES, hidden_state_indices
 from .registry import DRAFTER_ARCHITECTURES, architectures_of
 from .registry import drafter_family as drafter_variant
 
@@ -190,7 +190,7 @@ def _conditional_key_problems(config: Mapping[str, Any]) -> list[str]:
         )
     ids = config.get("target_layer_ids") or []
     aux = config.get("eagle_aux_hidden_state_layer_ids")
-    if aux is not None and list(aux) != [i + 1 for i in ids]:
+    if aux is not None and list(aux) != hidden_state_indices(ids):
         problems.append(f"eagle_aux_hidden_state_layer_ids={aux} overrides vLLM's target_layer_ids + 1 ({ids})")
     return problems
 

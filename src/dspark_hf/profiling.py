@@ -37,6 +37,8 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 from transformers.utils import logging
 
+from .configuration_dspark import hidden_state_indices
+
 
 logger = logging.get_logger(__name__)
 
@@ -317,7 +319,7 @@ def steps_per_second_here(target: torch.nn.Module, drafter, batch_sizes: Sequenc
     into the drafter's folder, which may be an installed package.
     """
     max_tokens = max(drafter.config.block_size + 1, FIRST_USE_MAX_TOKENS)
-    forward_kwargs = {"output_hidden_states": [i + 1 for i in drafter.config.target_layer_ids]}
+    forward_kwargs = {"output_hidden_states": drafter.config.hidden_state_indices}
     batch_sizes = sorted({1, *(int(b) for b in batch_sizes)})
     cached = _cached_profile_path(target, max_tokens, forward_kwargs, batch_sizes)
     folder = Path(drafter.name_or_path) if drafter.name_or_path else None
@@ -449,7 +451,7 @@ def _drafter_forward_kwargs(drafter_dir: str | None) -> dict:
     if config_path is None or not config_path.is_file():
         return {}
     layer_ids = json.loads(config_path.read_text()).get("target_layer_ids") or []
-    return {"output_hidden_states": [int(i) + 1 for i in layer_ids]} if layer_ids else {}
+    return {"output_hidden_states": hidden_state_indices(layer_ids)} if layer_ids else {}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -271,7 +271,7 @@ class DSparkBatchEngine:
         self._pending_context: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def _hidden_state_indices(self) -> list[int] | None:
-        return None if self.drafter is None else [i + 1 for i in self.drafter.config.target_layer_ids]
+        return None if self.drafter is None else self.drafter.config.hidden_state_indices
 
     def _target_forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep: int = 0):
         """Logits (float32) at the last `logits_to_keep` positions (0: all) and the drafter's context features."""

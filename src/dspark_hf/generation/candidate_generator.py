@@ -79,7 +79,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 "head (enable_confidence_head=false). Use the 'full' policy."
             )
         # Ask the target for exactly the hidden states the drafter reads (index i + 1 is the output of layer i).
-        self.model_kwargs_overrides = {"output_hidden_states": [i + 1 for i in self.config.target_layer_ids]}
+        self.model_kwargs_overrides = {"output_hidden_states": self.config.hidden_state_indices}
         self.max_length = generation_config.max_length
         self.do_sample = generation_config.do_sample
         # transformers reads the drafts' logits in speculative sampling and, in greedy decoding, only to mix them in
@@ -237,11 +237,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 "The target returned no hidden states; DSpark needs a target that supports `output_hidden_states` "
                 "(transformers' generate contract changed? see dspark_hf._transformers_compat)."
             )
-        layers = [hidden_states[i + 1] for i in self.config.target_layer_ids]
+        layers = [hidden_states[i] for i in self.config.hidden_state_indices]
         if any(layer is None for layer in layers) or layers[0].shape[1] < num_new:
             raise RuntimeError(
                 f"Expected the target's last forward to cover the {num_new} newly committed positions at hidden-state "
-                f"indices {[i + 1 for i in self.config.target_layer_ids]}; got shapes "
+                f"indices {self.config.hidden_state_indices}; got shapes "
                 f"{[None if layer is None else tuple(layer.shape) for layer in layers]}. Was the prompt prefilled "
                 "outside of generate (a pre-filled cache)? Pass the whole prompt instead."
             )

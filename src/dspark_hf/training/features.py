@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from ..configuration_dspark import hidden_state_indices
+
 
 @dataclass
 class TargetSignals:
@@ -45,7 +47,7 @@ def compute_target_signals(
         input_ids (`torch.LongTensor` of shape `(batch, seq)`), attention_mask (`torch.Tensor`, *optional*).
         target_layer_ids (`list[int]`): 0-based layers (-1 = embedding output).
     """
-    indices = [i + 1 for i in target_layer_ids]
+    indices = hidden_state_indices(target_layer_ids)
     outputs = target.base_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=indices)
     layers = [outputs.hidden_states[i] for i in indices]
     if any(layer is None for layer in layers):
