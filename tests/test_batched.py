@@ -455,6 +455,10 @@ def test_held_back_arrivals_are_admitted_together_and_stay_identical(with_drafte
     drafter = make_drafter(target, block_size=3) if with_drafter else None
     engine = DSparkBatchEngine(target, drafter, policy="full" if with_drafter else None, pad_token_id=0,
                                admission_wait_rounds=wait)
+    outcomes = []
+    if with_drafter:
+        end_round = engine.policy.end_round
+        engine.policy.end_round = lambda outcome: outcomes.append(outcome) or end_round(outcome)
     long = engine.add_request(list(range(30, 50)), 40)
     short = [engine.add_request([5 + i, 6, 7], 2 + i) for i in range(3)]  # finish in successive early rounds
     done = engine.step()
@@ -471,6 +475,10 @@ def test_held_back_arrivals_are_admitted_together_and_stay_identical(with_drafte
     assert appended == [4]  # only the first admission appended rows: the late arrivals took the kept rows over
     joined = [requests for requests, _, _ in engine.admit_timings]
     assert joined[0] == 4 and sum(joined[1:]) == 3 and len(joined) < 4  # late arrivals shared a prefill
+    # the policy hears which rows were kept: they commit nothing and show no confidences
+    kept = [(outcome, row) for outcome in outcomes for row, idle in enumerate(outcome.held or []) if idle]
+    assert bool(kept) == with_drafter  # (target-only decoding has no policy)
+    assert all(outcome.accepted[row] == 0 and outcome.confidences[row] == [] for outcome, row in kept)
     for request in [long, *short, *late]:
         assert request.output_ids == solo(target, request.prompt_ids, request.max_new_tokens, eos_token_id=None)
 

@@ -667,3 +667,18 @@ def test_payoff_guard_counts_planned_rounds_with_their_drafting_pass_and_every_r
     assert policy.begin_round([[0.1], [0.1]], 1)  # ... then a probe, which does not count either
     policy.end_round(RoundOutcome([[0.1], [0.1]], [0, 0], [0, 0], draft_seconds=0.1, step_seconds=0.1))
     assert policy._payoff[2] == [tokens, cost]
+
+
+def test_payoff_guard_counts_only_the_rows_that_decode():
+    # a row whose request finished, kept for a waiting request, commits nothing: neither a token nor a share of the cost
+    def payoff(held):
+        policy = HardwareAwarePolicy({1: 10.0, 4: 10.0, 8: 9.0}, draft_seconds=0.0).for_engine()
+        policy.end_round(RoundOutcome([[]] * 4, [0] * 4, [0] * 4, drafted=False, step_seconds=0.1))
+        assert policy.begin_round([[0.9]] * 4, 1)
+        # two plain steps of 4 rows; the decoding rows accept their one draft (2 tokens each)
+        policy.end_round(RoundOutcome([[0.9]] * 4, [1] * 4, [0 if idle else 1 for idle in held], draft_seconds=0.0,
+                                      step_seconds=0.2, held=held))
+        return policy._payoff[4]
+
+    assert payoff([False] * 4) == pytest.approx([8.0, 8.0])  # 2 tokens per row for 2 steps: a payoff of 1
+    assert payoff([False, True, True, False]) == pytest.approx([4.0, 4.0])  # still 1, not (4 + 2) / 8 = 0.75

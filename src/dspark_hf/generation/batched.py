@@ -469,7 +469,8 @@ class DSparkBatchEngine:
                            else draft.confidences[row] for row in range(rows)]
             self.policy.end_round(RoundOutcome(confidences, lengths, accepted, drafted=draft is not None,
                                                observed=draft is not None and draft.observed,
-                                               draft_seconds=draft_seconds, step_seconds=step_seconds))
+                                               draft_seconds=draft_seconds, step_seconds=step_seconds,
+                                               held=[budget < 0 for budget in budgets]))
         return self._commit_and_retire(committed)
 
     def _record_round(self, request: DSparkRequest, row: int, length: int, accepted: int, draft) -> None:

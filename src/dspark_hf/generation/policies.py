@@ -431,8 +431,8 @@ class PlannedWidthPolicy(_MeasuredPolicy):
                                   self.min_gain, self.replan, self.payoff_guard)
 
     def realized_payoff(self, rows: int) -> float:
-        """Tokens per row that recent planned rounds of `rows` rows committed per plain step of time they took (their
-        drafting pass and verification forward), each round weighed by its rows and decayed by `PAYOFF_DECAY` per
+        """Tokens per decoding row that recent planned rounds of `rows` rows committed per plain step of time they took
+        (their drafting pass and verification forward), each round weighed by its decoding rows and decayed by `PAYOFF_DECAY` per
         round, from a prior of `PAYOFF_PRIOR_ROWS` row-rounds at `PAYOFF_PRIOR`. Above 1: the plans have paid at this
         row count."""
         tokens, cost = self._payoff.get(rows, (0.0, 0.0))
@@ -486,14 +486,17 @@ class PlannedWidthPolicy(_MeasuredPolicy):
         self._record(outcome)
         # a round that verified a plan (or tested one for the guard) has a width above 1; probes and plain rounds do not
         rows, planned = len(outcome.verified), (self._width or 1) > 1
-        if not (planned and outcome.drafted and rows and outcome.draft_seconds is not None
+        if not (planned and outcome.drafted and outcome.decoding and outcome.draft_seconds is not None
                 and outcome.step_seconds is not None):
             return
         plain = self.speed(rows)(1)
         if not plain:
             return
-        tokens = sum(accepted + 1 for accepted in outcome.accepted)
-        cost = (outcome.draft_seconds + outcome.step_seconds) * plain * rows
+        # per decoding row: a held row (a finished request's, kept for a waiting one) commits nothing, and plain
+        # decoding would carry it alike (`plain` is the speed of all `rows`)
+        held = outcome.held or [False] * rows
+        tokens = sum(accepted + 1 for accepted, idle in zip(outcome.accepted, held) if not idle)
+        cost = (outcome.draft_seconds + outcome.step_seconds) * plain * outcome.decoding
         past = self._payoff.get(rows, (0.0, 0.0))
         self._payoff[rows] = [PAYOFF_DECAY * past[0] + tokens, PAYOFF_DECAY * past[1] + cost]
 

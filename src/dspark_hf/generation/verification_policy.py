@@ -47,6 +47,8 @@ class RoundOutcome:
         observed (`bool`): the drafting loop judged the confidences complete ([`VerificationPolicy.settled`]).
         draft_seconds (`float`, *optional*): wall time of the drafting pass over all rows.
         step_seconds (`float`, *optional*): wall time of the verification step (target forward and acceptance).
+        held (`list[bool]`, *optional*): rows whose request had finished before the round, kept in the batch for a
+            waiting request to take over (`DSparkBatchEngine`): computed along, committing nothing. `None`: none.
     """
 
     confidences: list[list[float]]
@@ -56,6 +58,12 @@ class RoundOutcome:
     observed: bool = False
     draft_seconds: float | None = None
     step_seconds: float | None = None
+    held: list[bool] | None = None
+
+    @property
+    def decoding(self) -> int:
+        """Rows that decoded in the round (all but the `held` ones)."""
+        return len(self.verified) - sum(self.held or ())
 
     @property
     def width(self) -> int:
