@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import string
 import sys
+import tempfile
 import types
 from collections import Counter
 from pathlib import Path
@@ -22,6 +25,7 @@ from transformers import PreTrainedTokenizerFast
 import dspark_hf  # noqa: F401  (installs the generate integration)
 import dspark_hf.hub
 from dspark_hf import DSparkDrafter, interop, testing
+from dspark_hf.models import cache_dir
 
 
 # Property tests draw the same examples on every run, so the suite passes or fails the same way in CI;
@@ -37,6 +41,16 @@ torch.set_num_threads(1)
 # timings; tests pin the full block so that every draft is verified, and tests of "auto" unset this
 # (tests/test_default_policy.py).
 os.environ["DSPARK_HF_VERIFICATION_POLICY"] = "full"
+
+# Speed profiles that tests measure on first use (tiny random targets) go to a temporary dspark-hf cache folder, not
+# the user's; the user's converted models are linked into it, so the embedded target is not converted again.
+_TEST_CACHE = Path(tempfile.mkdtemp(prefix="dspark-hf-tests-"))
+atexit.register(shutil.rmtree, _TEST_CACHE, ignore_errors=True)  # removes the links, not what they point to
+if cache_dir().is_dir():
+    for _entry in cache_dir().iterdir():
+        if _entry.is_dir() and _entry.name != "profiles":
+            (_TEST_CACHE / _entry.name).symlink_to(_entry, target_is_directory=True)
+os.environ["DSPARK_HF_CACHE"] = str(_TEST_CACHE)
 
 # How many greedy lossless cases the case sweeps run (tests/test_lossless_sweep.py); `make test-long` raises it.
 LOSSLESS_CASES = int(os.environ.get("DSPARK_HF_LOSSLESS_CASES", "1000"))

@@ -34,7 +34,6 @@ def test_readme_python_snippets_run(monkeypatch, tmp_path):
     monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))  # profiles measured here stay here
     from dspark_hf.models import cache_dir
 
-    monkeypatch.setenv("DSPARK_HF_CACHE", str(tmp_path / "cache"))
     namespace: dict = {}
     blocks = python_blocks(README.read_text())
     for index, block in enumerate(blocks):
