@@ -432,9 +432,9 @@ class PlannedWidthPolicy(_MeasuredPolicy):
 
     def realized_payoff(self, rows: int) -> float:
         """Tokens per decoding row that recent planned rounds of `rows` rows committed per plain step of time they took
-        (their drafting pass and verification forward), each round weighed by its decoding rows and decayed by `PAYOFF_DECAY` per
-        round, from a prior of `PAYOFF_PRIOR_ROWS` row-rounds at `PAYOFF_PRIOR`. Above 1: the plans have paid at this
-        row count."""
+        (their drafting pass and verification forward), each round weighed by its decoding rows and decayed by
+        `PAYOFF_DECAY` per round, from a prior of `PAYOFF_PRIOR_ROWS` row-rounds at `PAYOFF_PRIOR`. Above 1: the plans
+        have paid at this row count."""
         tokens, cost = self._payoff.get(rows, (0.0, 0.0))
         return (tokens + PAYOFF_PRIOR_ROWS * PAYOFF_PRIOR) / (cost + PAYOFF_PRIOR_ROWS)
 
