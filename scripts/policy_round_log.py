@@ -24,26 +24,29 @@ from ab_engine_min_gain import load_models
 from dspark_hf.benchmarks.bench import machine_info, version_info
 from dspark_hf.benchmarks.bench_load import ClosedLoop
 from dspark_hf.generation.batched import DSparkBatchEngine
-from dspark_hf.generation.policies import HardwareAwarePolicy, PlannedWidthPolicy
+from dspark_hf.generation.policies import HardwareAwarePolicy
 from dspark_hf.profiling import load_speed_tables
 
 
-class LoggedPolicy(PlannedWidthPolicy):
-    """`PlannedWidthPolicy` that appends each round's decision and outcome to `log`."""
+def log_rounds(policy) -> list[dict]:
+    """Wraps `policy.begin_round` / `end_round` (an engine's `PlannedWidthPolicy`) to log each round's decision and
+    outcome; returns the log."""
+    log, begin_round, end_round = [], policy.begin_round, policy.end_round
 
-    log: list[dict]
-
-    def begin_round(self, stale_confidences, block_size):
-        payoff = self.realized_payoff(len(stale_confidences))
-        drafts = super().begin_round(stale_confidences, block_size)
-        self.log.append({"rows": len(stale_confidences), "drafted": bool(drafts), "width": self._width,
-                         "payoff_before": payoff})
+    def logged_begin(stale_confidences, block_size):
+        payoff = policy.realized_payoff(len(stale_confidences))
+        drafts = begin_round(stale_confidences, block_size)
+        log.append({"rows": len(stale_confidences), "drafted": bool(drafts), "width": policy._width,
+                    "payoff_before": payoff})
         return drafts
 
-    def end_round(self, outcome):
-        super().end_round(outcome)
-        self.log[-1].update(verified=max(outcome.verified, default=0), accepted=sum(outcome.accepted),
-                            decoding=outcome.decoding)
+    def logged_end(outcome):
+        end_round(outcome)
+        log[-1].update(verified=max(outcome.verified, default=0), accepted=sum(outcome.accepted),
+                       decoding=outcome.decoding)
+
+    policy.begin_round, policy.end_round = logged_begin, logged_end
+    return log
 
 
 def main() -> None:
@@ -58,21 +61,17 @@ def main() -> None:
     by_rows = load_speed_tables(args.sps)
     if args.level not in by_rows:
         raise SystemExit(f"--sps {args.sps} has no table for {args.level} rows; pass a profile of that batch size.")
-    # the engine policy bench-load's hardware-aware method runs (`HardwareAwarePolicy.for_engine`), logging; it carries
-    # the tables itself, so the engine takes it as it is
-    default = HardwareAwarePolicy(str(args.sps))
-    policy = LoggedPolicy(default.speed_model, by_rows, default.max_idle_rounds, default.outcome_decay,
-                          default.engine_min_gain, default.replan, default.payoff_guard)
-    policy.log = []
-    engine = DSparkBatchEngine(target, drafter, policy=policy, eos_token_id=tokenizer.eos_token_id,
+    # the engine and policy bench-load's hardware-aware method runs, its policy's rounds logged
+    engine = DSparkBatchEngine(target, drafter, policy=HardwareAwarePolicy(str(args.sps)),
+                               steps_per_second_by_rows=by_rows, eos_token_id=tokenizer.eos_token_id,
                                pad_token_id=tokenizer.pad_token_id or 0)
-    assert engine.policy is policy
+    log = log_rounds(engine.policy)
     loop = ClosedLoop(engine, prompts, args.level, 2 * args.level, args.max_new_tokens)
     while not loop.done:
         loop.step()
     table = by_rows[args.level]
     cost = {width: table[1] / speed for width, speed in table.items()}
-    rounds = [entry for entry in policy.log if entry["rows"] == args.level]
+    rounds = [entry for entry in log if entry["rows"] == args.level]
     summary = {"rounds": len(rounds), "drafted": 0}
     for kind, chosen in (("probes", lambda e: e["width"] == 1), ("plans", lambda e: e["width"] > 1)):
         picked = [e for e in rounds if e["drafted"] and chosen(e)]
