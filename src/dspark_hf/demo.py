@@ -32,6 +32,7 @@ from .benchmarks.exactness import TOKEN_EXACT_DTYPES, conversation_divergence
 from .modeling_dspark import DSparkDrafter
 from .models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
 from .models import target_dtype
+from .packed_linear import PACKED_LINEAR_MODES, is_packed, pack_linear_weights
 
 
 DEMO_PROMPTS = [
@@ -66,6 +67,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="dtype the target runs in (default: float32, where the output is identical token for "
                         "token; auto: bfloat16 where the device computes it natively, faster, but outputs may part "
                         "at near-ties)")
+    parser.add_argument("--packed_linear", default="auto", choices=PACKED_LINEAR_MODES,
+                        help="read the target's linear weights packed for oneDNN (CPU): auto (default: where this "
+                        "machine runs them faster), on, off; target-only and DSpark run the same target")
     parser.add_argument("--drafter_dtype", default="auto", choices=DTYPES,
                         help="dtype the drafter runs in (auto: bfloat16 where the device computes it natively, else "
                         "float32; the output is identical either way)")
@@ -89,10 +93,13 @@ def _load_drafter(args: argparse.Namespace, target) -> DSparkDrafter:
     path = Path(args.drafter) if args.drafter is not None else EMBEDDED_DRAFTERS.get(args.target)
     dtype = drafter_dtype(args.drafter_dtype, target.device)
     if args.drafter is not None or (path is not None and (path / "config.json").exists()):
-        return DSparkDrafter.from_pretrained(str(path), target=target, dtype=dtype).eval()
-    print(f"[demo] no trained drafter ships for {args.target!r}: using an UNTRAINED one "
-          "(output is still identical; expect no speed-up). Pass --drafter PATH for a trained one.")
-    return DSparkDrafter.from_target(target).to(dtype).eval()
+        drafter = DSparkDrafter.from_pretrained(str(path), target=target, dtype=dtype).eval()
+    else:
+        print(f"[demo] no trained drafter ships for {args.target!r}: using an UNTRAINED one "
+              "(output is still identical; expect no speed-up). Pass --drafter PATH for a trained one.")
+        drafter = DSparkDrafter.from_target(target).to(dtype).eval()
+    pack_linear_weights(drafter, args.packed_linear)
+    return drafter
 
 
 def _policy(args: argparse.Namespace):
@@ -173,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
         check_model_path(args.drafter)
     torch.manual_seed(0)
     print(f"[demo] loading target {args.target} (the first run converts the packaged GGUF once)...")
-    target, tokenizer = load_target(args.target, dtype=target_dtype(args.target_dtype))
+    target, tokenizer = load_target(args.target, dtype=target_dtype(args.target_dtype),
+                                    packed_linear=args.packed_linear)
     drafter = _load_drafter(args, target)
     drafter.verification_policy = _policy(args)
     prompts = [("yours", p) for p in args.prompt] if args.prompt else DEMO_PROMPTS
@@ -191,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
           + (f"prompt lookup inside rounds, up to {args.prompt_lookup_num_tokens} tokens" if lookup
              else "no prompt lookup") + " (--prompt_lookup_num_tokens)")
     print(f"[demo] target in {str(target.dtype).removeprefix('torch.')}, drafter in "
-          f"{str(drafter.dtype).removeprefix('torch.')} (--target_dtype, --drafter_dtype)")
+          f"{str(drafter.dtype).removeprefix('torch.')} (--target_dtype, --drafter_dtype); target's linear weights "
+          f"{'packed for oneDNN' if is_packed(target) else 'not packed'} (--packed_linear)")
 
     rows = []
     for kind, text in prompts:

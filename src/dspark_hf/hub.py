@@ -434,7 +434,7 @@ def _load_drafter_to_push(drafter: str, target_name: str | None) -> PreTrainedMo
     target = None
     if target_name:
         try:
-            target, _ = load_target(target_name)
+            target, _ = load_target(target_name, packed_linear="off")  # only its vocabulary tensors are read
         except (OSError, ValueError) as error:
             reason = (str(error).splitlines() or [type(error).__name__])[0]
             raise SystemExit(

@@ -16,6 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
+from .packed_linear import PACKED_LINEAR_MODES, pack_linear_weights
+
 
 logger = logging.get_logger(__name__)
 
@@ -109,9 +111,15 @@ def check_model_path(name_or_path: str, option: str = "--drafter") -> None:
 
 
 def load_target(
-    name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype = torch.float32, device: str | None = None
+    name_or_path: str = DEFAULT_TARGET, dtype: torch.dtype = torch.float32, device: str | None = None,
+    packed_linear: str = "auto",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Loads a target model (eval mode) and its tokenizer; embedded names resolve offline."""
+    """Loads a target model (eval mode) and its tokenizer; embedded names resolve offline.
+
+    On a CPU its linear layers read oneDNN-packed weights where this machine computes them faster that way
+    (`packed_linear="auto"`; "on", "off": [`dspark_hf.packed_linear.pack_linear_weights`]): the same model, to rounding,
+    for target-only decoding and verification alike."""
+    check_packed_linear(packed_linear)
     path = resolve_target_path(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -119,7 +127,16 @@ def load_target(
         model.config._name_or_path = EMBEDDED_TARGETS[name_or_path][0]
     if device is not None:
         model.to(device)
+    pack_linear_weights(model, packed_linear)
     return model.eval(), tokenizer
+
+
+def check_packed_linear(mode: str) -> str:
+    """`mode` if it names a packed-linear setting ("auto", "on", "off"), else a one-line error."""
+    if mode not in PACKED_LINEAR_MODES:
+        raise ValueError(f"Unknown packed_linear {mode!r}; choose one of {list(PACKED_LINEAR_MODES)} (auto: packed "
+                         "oneDNN weights where this CPU runs them faster).")
+    return mode
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")

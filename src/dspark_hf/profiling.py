@@ -38,6 +38,7 @@ from transformers import DynamicCache
 from transformers.utils import logging
 
 from .configuration_dspark import hidden_state_indices
+from .packed_linear import PACKED_LINEAR_MODES, is_packed, pack_linear_weights
 
 
 logger = logging.get_logger(__name__)
@@ -213,6 +214,7 @@ def profile_steps_per_second(
         "settings": {
             "target": getattr(model, "name_or_path", None) or type(model).__name__,
             "dtype": str(getattr(model, "dtype", None)),
+            "packed_linear": is_packed(model),
             "max_tokens": max_tokens,
             "batch_sizes": [int(b) for b in by_batch_size],
             "context_length": context_length,
@@ -281,6 +283,7 @@ def _profile_fits(profile: dict, target: torch.nn.Module, max_tokens: int, batch
         profile.get("format") == PROFILE_FORMAT
         and not profile_mismatches(profile.get("metadata") or {})
         and settings.get("dtype") == str(target.dtype)
+        and bool(settings.get("packed_linear", False)) == is_packed(target)
         and int(settings.get("max_tokens", 0)) >= max_tokens
         and {str(int(b)) for b in batch_sizes} <= set(profile.get("by_batch_size") or {"1": None})
         and (all(int(b) == 1 for b in batch_sizes) or settings.get("batched_layout") == BATCHED_LAYOUT)
@@ -298,6 +301,7 @@ def _cached_profile_path(target: torch.nn.Module, max_tokens: int, forward_kwarg
     here = machine_metadata(target.device)
     key = json.dumps({
         "architecture": architecture, "dtype": str(target.dtype), "max_tokens": max_tokens,
+        **({"packed_linear": True} if is_packed(target) else {}),
         "forward_kwargs": forward_kwargs,
         "machine": {k: here[k] for k in ("device", "device_name", "cpu_count", "torch_num_threads", "torch")},
         **({"batch_sizes": sorted(set(int(b) for b in batch_sizes)), "batched_layout": BATCHED_LAYOUT}
@@ -343,21 +347,30 @@ def steps_per_second_here(target: torch.nn.Module, drafter, batch_sizes: Sequenc
     return {int(k): float(v) for k, v in profile["steps_per_second"].items()}, cached
 
 
-def profile_dtype_mismatch(path: str | os.PathLike, dtype: torch.dtype) -> str | None:
+def profile_dtype_mismatch(path: str | os.PathLike, dtype: torch.dtype, packed: bool | None = None) -> str | None:
     """Why the profile at `path` does not fit a target running in `dtype` (the speeds of bf16 and float32 forwards
-    differ, and so do the schedules planned from them), or `None` when it fits or records no dtype (a hand-written
-    table)."""
+    differ, and so do the schedules planned from them) with its linear weights packed or not (`packed`, when given:
+    packed verification forwards cost about one decode step where unpacked float32 ones cost up to 2), or `None` when
+    it fits or records no dtype (a hand-written table)."""
     path = _profile_path(path)
     data = json.loads(path.read_text()) if path.is_file() else None
     if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
         return None
-    measured = str((data.get("settings") or {}).get("dtype", "")).removeprefix("torch.")
+    settings = data.get("settings") or {}
+    measured = str(settings.get("dtype", "")).removeprefix("torch.")
     wanted = str(dtype).removeprefix("torch.")
-    if not measured or measured == wanted:
-        return None
-    return (f"the speed profile {path} was measured with the target in {measured}, but the target runs in {wanted}; "
-            f"profile it in {wanted} (`dspark-hf profile --target_dtype {wanted} --output PROFILE.json`) or run the "
-            f"target in {measured} (--target_dtype {measured})")
+    if measured and measured != wanted:
+        return (f"the speed profile {path} was measured with the target in {measured}, but the target runs in "
+                f"{wanted}; profile it in {wanted} (`dspark-hf profile --target_dtype {wanted} --output PROFILE.json`) "
+                f"or run the target in {measured} (--target_dtype {measured})")
+    was_packed = bool(settings.get("packed_linear", False))
+    if measured and packed is not None and was_packed != packed:
+        state = {True: "packed", False: "not packed"}
+        return (f"the speed profile {path} was measured with the target's linear weights {state[was_packed]}, but "
+                f"they are {state[packed]} here; profile it so (`dspark-hf profile --packed_linear "
+                f"{'on' if packed else 'off'} --output PROFILE.json`) or pass --packed_linear "
+                f"{'on' if was_packed else 'off'}")
+    return None
 
 
 def load_steps_per_second(path: str | os.PathLike, batch_size: int = 1) -> dict[int, float]:
@@ -435,6 +448,12 @@ class ProfileArguments:
                   "else float32), float32, bfloat16, float16; the profile records it, and only a profile of the "
                   "target's dtype is used"},
     )
+    packed_linear: str = field(
+        default="auto",
+        metadata={"choices": list(PACKED_LINEAR_MODES), "help": "read the target's linear weights packed for oneDNN: "
+                  "auto (where this CPU runs them faster), on, off; the profile records it, and only a profile of the "
+                  "same setting is used"},
+    )
 
 
 def _print_table(profile: dict) -> None:
@@ -461,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = parser.parse_args_into_dataclasses(args=argv if argv is not None else sys.argv[1:])
     from transformers import AutoModelForCausalLM
 
-    from .models import check_model_path, resolve_target_path, target_dtype
+    from .models import check_model_path, check_packed_linear, resolve_target_path, target_dtype
 
     if args.drafter is not None:
         check_model_path(args.drafter)
@@ -469,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = target_dtype(args.target_dtype, device)
     model = AutoModelForCausalLM.from_pretrained(resolve_target_path(args.target), dtype=dtype).to(device).eval()
+    pack_linear_weights(model, check_packed_linear(args.packed_linear))
     profile = profile_steps_per_second(
         model, args.max_tokens, args.batch_sizes, args.context_length, args.warmup, args.repeats,
         forward_kwargs=_drafter_forward_kwargs(args.drafter),
@@ -477,5 +497,6 @@ def main(argv: list[str] | None = None) -> int:
     profile["metadata"]["command"] = ["dspark-hf", "profile", *(argv if argv is not None else sys.argv[1:])]
     path = save_profile(profile, args.output or args.drafter or PROFILE_FILE_NAME)
     _print_table(profile)
-    print(f"saved {path} (target in {str(dtype).removeprefix('torch.')})")
+    packed = "packed" if is_packed(model) else "unpacked"
+    print(f"saved {path} (target in {str(dtype).removeprefix('torch.')}, linear weights {packed})")
     return 0

@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         if "compact drafter" not in str(error):
             raise
-        target, _ = load_target(args.target or DEFAULT_TARGET)
+        target, _ = load_target(args.target or DEFAULT_TARGET, packed_linear="off")  # only its vocabulary is read
         drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, dtype="auto")
     config = drafter.config
     counts = count_response_tokens(args.data)

@@ -38,6 +38,7 @@ from ..cli import ArgumentParser
 from ..modeling_dspark import DSparkDrafter
 from ..models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
 from ..models import target_dtype
+from ..packed_linear import PACKED_LINEAR_MODES, is_packed, pack_linear_weights
 from ..profiling import profile_dtype_mismatch, steps_per_second_here
 from .exactness import conversation_divergence
 from .methods import (
@@ -332,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "computes it natively, else float32), float32, bfloat16, float16. Every method runs in it and "
                         "is compared with target-only in it; outside float32 outputs may differ at near-ties, and the "
                         "report gives the identity rate and the target's logit margins at the divergences")
+    models.add_argument("--packed_linear", default="auto", choices=PACKED_LINEAR_MODES,
+                        help="read the target's linear weights packed for oneDNN (CPU): auto (default: where this "
+                        "machine runs them faster), on, off; every method runs the same target")
     models.add_argument("--drafter_dtype", default="auto", choices=DTYPES,
                         help="dtype the DSpark drafters run in (auto: bfloat16 where the device computes it natively, "
                         "else float32; outputs are identical either way)")
@@ -356,8 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_drafter(spec: str | None, target: PreTrainedModel, device: str, dtype: torch.dtype,
-                 **untrained_kwargs: Any) -> DSparkDrafter | None:
-    """`None` for `"none"`, a fresh drafter for `"untrained"`, else `DSparkDrafter.from_pretrained(spec)`."""
+                 packed_linear: str = "off", **untrained_kwargs: Any) -> DSparkDrafter | None:
+    """`None` for `"none"`, a fresh drafter for `"untrained"`, else `DSparkDrafter.from_pretrained(spec)`; its linear
+    weights packed for oneDNN as `packed_linear` says ([`pack_linear_weights`])."""
     if spec is None or spec.lower() == "none":
         return None
     if spec.lower() == "untrained":
@@ -365,7 +370,9 @@ def load_drafter(spec: str | None, target: PreTrainedModel, device: str, dtype: 
         drafter.name_or_path = "untrained"
     else:
         drafter = DSparkDrafter.from_pretrained(spec, dtype=dtype, target=target)
-    return drafter.to(device=device, dtype=dtype).eval()
+    drafter = drafter.to(device=device, dtype=dtype).eval()
+    pack_linear_weights(drafter, packed_linear)
+    return drafter
 
 
 def default_drafter(target_name: str) -> str:
@@ -379,9 +386,10 @@ def default_drafter(target_name: str) -> str:
     )
 
 
-def load_assistant(path: str, tokenizer: PreTrainedTokenizerBase, device: str, dtype: torch.dtype):
+def load_assistant(path: str, tokenizer: PreTrainedTokenizerBase, device: str, dtype: torch.dtype,
+                   packed_linear: str = "auto"):
     """The draft model for transformers' assisted generation; refuses one whose vocabulary differs."""
-    assistant, assistant_tokenizer = load_target(path, dtype=dtype, device=device)
+    assistant, assistant_tokenizer = load_target(path, dtype=dtype, device=device, packed_linear=packed_linear)
     if assistant_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise ValueError(
             f"--assistant {path!r} does not share the target's tokenizer ({len(assistant_tokenizer)} vs "
@@ -405,7 +413,7 @@ def speed_profile(sps: str | None, drafter_spec: str | None, target: PreTrainedM
     default policy uses (`steps_per_second_here`: the drafter folder's when it was measured on this kind of machine in
     the target's dtype, else one measured here once and cached), else `None`."""
     if sps:
-        mismatch = profile_dtype_mismatch(sps, target.dtype)
+        mismatch = profile_dtype_mismatch(sps, target.dtype, is_packed(target))
         if mismatch:
             raise ValueError(f"--sps {sps}: {mismatch}.")
         return sps
@@ -432,17 +440,19 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
                          ("--baseline_drafter", args.baseline_drafter)):
         if spec is not None and spec.lower() not in ("none", "untrained"):
             check_model_path(spec, option)  # before the target loads
-    target, tokenizer = load_target(args.target, dtype=dtype, device=args.device)
+    target, tokenizer = load_target(args.target, dtype=dtype, device=args.device, packed_linear=args.packed_linear)
     draft_dtype = drafter_dtype(args.drafter_dtype, args.device)
-    drafter = load_drafter(drafter_spec, target, args.device, draft_dtype)
+    drafter = load_drafter(drafter_spec, target, args.device, draft_dtype, args.packed_linear)
     sps = speed_profile(args.sps, drafter_spec, target, drafter)
     methods, skipped = build_methods(
         drafter=drafter,
         policies=[name.strip() for name in args.policies.split(",") if name.strip()],
         policy_kwargs=_policy_kwargs(args, sps),
-        dflash_drafter=load_drafter(args.dflash_drafter, target, args.device, draft_dtype, markov_rank=0),
-        baseline_drafter=load_drafter(args.baseline_drafter, target, args.device, draft_dtype),
-        assistant=load_assistant(args.assistant, tokenizer, args.device, dtype) if args.assistant else None,
+        dflash_drafter=load_drafter(args.dflash_drafter, target, args.device, draft_dtype, args.packed_linear,
+                                    markov_rank=0),
+        baseline_drafter=load_drafter(args.baseline_drafter, target, args.device, draft_dtype, args.packed_linear),
+        assistant=(load_assistant(args.assistant, tokenizer, args.device, dtype, args.packed_linear) if args.assistant
+                   else None),
         num_assistant_tokens=args.num_assistant_tokens,
         prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
     )
@@ -457,6 +467,7 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
     records = run_benchmark(target, tokenizer, methods, prompts, settings, progress=not args.no_progress)
     results = results_document(records, argv, settings, methods, skipped, prompts, args.device, load_average_before,
                                target=args.target, drafter=drafter_spec, target_dtype=_dtype_name(target.dtype),
+                               target_packed_linear=is_packed(target),
                                drafter_dtype=_dtype_name(draft_dtype), sps_profile=sps)
     paths = write_report(args.output_dir, results, plots=not args.no_plots)
     print(Path(paths["markdown"]).read_text(encoding="utf-8"))

@@ -42,6 +42,7 @@ from ..generation.policies import get_policy
 from ..modeling_dspark import DSparkDrafter
 from ..models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
 from ..models import target_dtype
+from ..packed_linear import PACKED_LINEAR_MODES, is_packed, pack_linear_weights
 from ..profiling import load_speed_tables, profile_dtype_mismatch, steps_per_second_here
 from .bench import machine_info, version_info
 from .exactness import conversation_divergence, summarize_divergences
@@ -57,6 +58,9 @@ def _parse_args(argv) -> argparse.Namespace:
     parser.add_argument("--target_dtype", default="auto", choices=DTYPES,
                         help="dtype the target runs in, every method alike (auto: bfloat16 where computed natively, "
                         "else float32; outside float32 outputs may differ from target-only's at near-ties)")
+    parser.add_argument("--packed_linear", default="auto", choices=PACKED_LINEAR_MODES,
+                        help="read the target's linear weights packed for oneDNN (CPU): auto (where this machine runs "
+                        "them faster), on, off; every method runs the same target")
     parser.add_argument("--drafter_dtype", default="auto", choices=DTYPES,
                         help="dtype the drafter runs in (auto: bfloat16 where computed natively, else float32)")
     parser.add_argument("--concurrency", default="1,2,4,8,16,32", help="comma-separated levels")
@@ -363,7 +367,7 @@ def _speed_profile(args, target, drafter, levels: list[int]) -> Path | None:
     covering these concurrency levels (`steps_per_second_here`: the drafter folder's when it was measured on this
     kind of machine in the target's dtype at those batch sizes, else one measured here once and cached)."""
     if args.sps:
-        mismatch = profile_dtype_mismatch(args.sps, target.dtype)
+        mismatch = profile_dtype_mismatch(args.sps, target.dtype, is_packed(target))
         if mismatch:
             raise ValueError(f"--sps {args.sps}: {mismatch}.")
         return Path(args.sps)
@@ -438,8 +442,10 @@ def main(argv=None) -> int:
     if path is None:
         raise ValueError(f"No drafter ships for --target {args.target}; pass --drafter DRAFTER_DIR.")
     check_model_path(str(path))
-    target, tokenizer = load_target(args.target, dtype=target_dtype(args.target_dtype))
+    target, tokenizer = load_target(args.target, dtype=target_dtype(args.target_dtype),
+                                    packed_linear=args.packed_linear)
     drafter = DSparkDrafter.from_pretrained(path, target=target, dtype=drafter_dtype(args.drafter_dtype)).eval()
+    pack_linear_weights(drafter, args.packed_linear)
     prompts = [render_conversation(tokenizer, p.turns[:1], []) for p in load_prompts(args.prompts)]
     prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -469,6 +475,7 @@ def main(argv=None) -> int:
                 "speed_profile": str(sps_path) if sps_path else None,
                 "settings": {**vars(args),
                              "target_dtype_resolved": str(target.dtype).removeprefix("torch."),
+                             "target_packed_linear": is_packed(target),
                              "drafter_dtype_resolved": str(drafter.dtype).removeprefix("torch.")},
                 "results": results}
     (out / "bench_load.json").write_text(json.dumps(document, indent=2) + "\n")

@@ -495,7 +495,10 @@ def build_trainer(
     model_args.target_dtype = str(target_dtype(model_args.target_dtype, training_args.device)).removeprefix("torch.")
     train_dataset, eval_dataset = prepare_datasets(data_args, training_args.seed)  # bad data fails before the target
     if target is None:
-        target, tokenizer = load_target(model_args.target, dtype=getattr(torch, model_args.target_dtype))
+        # unpacked linear weights: packing is chosen by timing ("auto"), and every process of a distributed run (and
+        # the feature cache) must compute the same features to the last bit
+        target, tokenizer = load_target(model_args.target, dtype=getattr(torch, model_args.target_dtype),
+                                        packed_linear="off")
     drafter = build_drafter(model_args, target)
     if model_args.draft_vocab_size is not None:
         reduce_to_training_vocabulary(drafter, model_args, train_dataset)

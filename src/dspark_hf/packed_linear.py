@@ -1,0 +1,153 @@
+"""Linear layers whose weights are laid out once for oneDNN: the same model, faster on a CPU.
+
+`torch.nn.functional.linear` hands every call to a GEMM that re-lays out ("packs") the weight for its kernel, or for
+one input row to a GEMV. Decoding a small model on a CPU is all such calls, and verifying k drafted tokens is a GEMM
+of k rows that pays the packing on every weight of the model: on the project's 2-core CPUs a float32 forward of 2-8
+tokens cost 1.4-2x one token's. PyTorch's oneDNN backend can pack each weight once and reuse it (what
+`torch.compile`'s CPU freezing pass does, without compiling). Measured on a 2-core AMD EPYC (SmolLM2-135M, 256-token
+cache, `benchmarks/results/packed-linear/`): a float32 forward of 1 token ~1.1x faster and of 2-8 tokens
+1.6-2.3x faster, so verifying a block costs about one decode step, as it does in bf16; bf16 forwards ~1.7x faster.
+
+The weights are not changed, only read through a second, packed copy; outputs agree with `nn.Linear`'s to rounding
+(a different summation order). Speculative decoding compares a target with itself, so what matters is that target-
+only decoding and verification run the same layers: pack the target once, before both.
+
+```python
+>>> import torch
+>>> from dspark_hf.packed_linear import pack_linear_weights
+>>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2)).eval()
+>>> pack_linear_weights(model, "off")  # "auto" packs where this machine measures it faster, "on" wherever it can
+0
+
+```
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+from torch import nn
+
+
+__all__ = ["PACKED_LINEAR_MODES", "PackedLinear", "pack_linear_weights", "is_packed", "packing_supported"]
+
+PACKED_LINEAR_MODES = ("auto", "on", "off")
+# dtypes oneDNN packs on every x86 CPU torch supports (float16 needs AVX512-FP16 or AMX-FP16)
+_PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+# "auto" packs when the packed layers take at most this fraction of the default layers' time
+_AUTO_MAX_RATIO = 0.95
+_AUTO_DECISIONS: dict[tuple, bool] = {}
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach())
+
+
+def _packed_linear(input: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(input, packed, bias, "none", [], "")
+
+
+class PackedLinear(nn.Linear):
+    """An `nn.Linear` whose inference forwards read a oneDNN-packed copy of its weight (made on first use, remade
+    when the weight changes). Forwards that autograd records, under autocast, or on another device run
+    `nn.Linear`'s own. Made by [`pack_linear_weights`], which turns `nn.Linear` layers into this class in place."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        weight = self.weight
+        if (input.device.type != "cpu" or input.dtype != weight.dtype or torch.is_autocast_enabled("cpu")
+                or (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))):
+            return super().forward(input)
+        key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
+        if getattr(self, "_packed_key", None) != key:
+            self._packed_weight, self._packed_key = _pack(weight), key
+        return _packed_linear(input, self._packed_weight, self.bias)
+
+
+def packing_supported(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
+    """Whether this torch build packs linear weights of `dtype` on `device` (CPUs with PyTorch's oneDNN backend)."""
+    return torch.device(device).type == "cpu" and _packs(dtype)
+
+
+@functools.cache
+def _packs(dtype: torch.dtype) -> bool:
+    if dtype not in _PACKABLE_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        weight = torch.ones(4, 4, dtype=dtype)
+        out = _packed_linear(torch.ones(2, 4, dtype=dtype), _pack(weight), None)
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return bool((out == 4).all())
+
+
+def is_packed(model: nn.Module) -> bool:
+    """Whether `model` has layers packed by [`pack_linear_weights`] (its speed profiles record this)."""
+    return any(isinstance(module, PackedLinear) for module in model.modules())
+
+
+def _linears(model: nn.Module, cls: type) -> list[nn.Linear]:
+    return [module for module in model.modules() if type(module) is cls]
+
+
+def _set_class(layers: list[nn.Linear], cls: type) -> None:
+    for layer in layers:
+        layer.__class__ = cls
+        if cls is nn.Linear:
+            for name in ("_packed_weight", "_packed_key"):
+                layer.__dict__.pop(name, None)
+
+
+def _time_layers(layers: list[nn.Linear], rows: int, repeats: int = 3) -> float:
+    """Seconds of one pass of `rows` input rows through every layer (the fastest of `repeats`), as the weights are
+    read in a forward: one after another, most of them out of cache."""
+    inputs = {layer.in_features: torch.randn(rows, layer.in_features, dtype=layer.weight.dtype)
+              for layer in layers}
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for layer in layers:
+                layer(inputs[layer.in_features])
+            best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _packing_pays(model: nn.Module, layers: list[nn.Linear]) -> bool:
+    """Times the model's own layers at 1 and 4 input rows (a decode step and a verification), packed and not,
+    interleaved: whether packed takes at most `_AUTO_MAX_RATIO` of the time at both. Decided once per layer shapes
+    and dtype in a process (a fraction of a second for a small model)."""
+    key = (layers[0].weight.dtype, tuple(sorted({(l.in_features, l.out_features) for l in layers})))
+    if key not in _AUTO_DECISIONS:
+        totals = {"packed": [0.0, 0.0], "default": [0.0, 0.0]}
+        for _ in range(2):
+            for variant, cls in (("default", nn.Linear), ("packed", PackedLinear)):
+                _set_class(layers, cls)
+                for index, rows in enumerate((1, 4)):
+                    totals[variant][index] += _time_layers(layers, rows)
+        _set_class(layers, nn.Linear)
+        _AUTO_DECISIONS[key] = all(p <= _AUTO_MAX_RATIO * d for p, d in zip(totals["packed"], totals["default"]))
+    return _AUTO_DECISIONS[key]
+
+
+def pack_linear_weights(model: nn.Module, mode: str = "auto") -> int:
+    """Turns the `nn.Linear` layers of `model` into [`PackedLinear`] layers in place (inference only: training and
+    autocast forwards run as before); returns how many layers are packed afterwards.
+
+    Args:
+        model (`nn.Module`): a model on the CPU (a target, a drafter); other devices are left as they are.
+        mode (`str`, defaults to `"auto"`): `"auto"` packs where this machine computes the model's own layers faster
+            packed (timed once per process, at 1 and 4 rows); `"on"` packs wherever torch can; `"off"` undoes
+            packing.
+    """
+    if mode not in PACKED_LINEAR_MODES:
+        raise ValueError(f"Unknown packed-linear mode {mode!r}; choose one of {list(PACKED_LINEAR_MODES)}.")
+    if mode == "off":
+        _set_class(_linears(model, PackedLinear), nn.Linear)
+        return 0
+    layers = [layer for layer in _linears(model, nn.Linear)
+              if packing_supported(layer.weight.dtype, layer.weight.device)]
+    if layers and (mode == "on" or _packing_pays(model, layers)):
+        _set_class(layers, PackedLinear)
+    return len(_linears(model, PackedLinear))
