@@ -85,6 +85,16 @@ def test_a_changed_weight_is_packed_again():
         assert layer(x).abs().max() == 0
 
 
+def test_layers_made_under_inference_mode_are_packed_too():
+    with torch.inference_mode():
+        layer = torch.nn.Linear(6, 3)
+        x = torch.randn(2, 6)
+        expected = torch.nn.functional.linear(x, layer.weight, layer.bias)
+    pack_linear_weights(layer, "on")
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_auto_packs_only_what_this_machine_times_faster():
     """"auto" times the model's own layers packed and not; either way the model computes the same."""
     target = make_target("llama")

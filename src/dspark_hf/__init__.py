@@ -22,6 +22,7 @@ from .generation.batched import DSparkBatchEngine, DSparkRequest
 from .modeling_dspark import DSparkDrafter
 from .configuration_dspark_gemma4 import DSparkGemma4Config
 from .modeling_dspark_gemma4 import DSparkGemma4Drafter
+from .packed_linear import pack_linear_weights
 from .scheduling import (
     StepsPerSecondCurve,
     schedule_verification_lengths,
@@ -56,6 +57,7 @@ __all__ = [
     "get_policy",
     "DSparkBatchEngine",
     "DSparkRequest",
+    "pack_linear_weights",
     "StepsPerSecondCurve",
     "schedule_verification_lengths",
     "schedule_verification_lengths_async",

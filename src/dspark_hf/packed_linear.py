@@ -1,16 +1,17 @@
 """Linear layers whose weights are laid out once for oneDNN: the same model, faster on a CPU.
 
-`torch.nn.functional.linear` hands every call to a GEMM that re-lays out ("packs") the weight for its kernel, or for
-one input row to a GEMV. Decoding a small model on a CPU is all such calls, and verifying k drafted tokens is a GEMM
-of k rows that pays the packing on every weight of the model: on the project's 2-core CPUs a float32 forward of 2-8
-tokens cost 1.4-2x one token's. PyTorch's oneDNN backend can pack each weight once and reuse it (what
-`torch.compile`'s CPU freezing pass does, without compiling). Measured on a 2-core AMD EPYC (SmolLM2-135M, 256-token
-cache, `benchmarks/results/packed-linear/`): a float32 forward of 1 token ~1.1x faster and of 2-8 tokens
-1.6-2.3x faster, so verifying a block costs about one decode step, as it does in bf16; bf16 forwards ~1.7x faster.
+A decode step of a small model is a few hundred `torch.nn.functional.linear` calls, and verifying k drafted tokens is
+the same calls with k input rows. On the project's 2-core CPUs those k-row calls cost far more than one-row ones in
+float32 (a forward of 2-8 tokens 1.6-2x one token's). PyTorch's oneDNN backend, with each weight reordered once into
+its blocked layout (what `torch.compile`'s CPU freezing pass emits, here without compiling), runs 1-8 rows at about
+the cost of one. Measured on a 2-core AMD EPYC (SmolLM2-135M, 256-token cache, `benchmarks/results/packed-linear/`):
+float32 forwards of 1 token 1.4x and of 2-8 tokens 2.0-2.6x faster, so verifying a block costs about one decode step
+as in bf16; bf16 forwards 1.2-1.5x faster.
 
-The weights are not changed, only read through a second, packed copy; outputs agree with `nn.Linear`'s to rounding
-(a different summation order). Speculative decoding compares a target with itself, so what matters is that target-
-only decoding and verification run the same layers: pack the target once, before both.
+The weights are not changed, only read through a second, packed copy (memory for a second copy of the linear
+weights); outputs agree with `nn.Linear`'s to rounding (another summation order). A speculative method's output is
+judged against the same target's own decoding, so pack the target once, before both: then target-only decoding and
+verification run the same layers.
 
 ```python
 >>> import torch
@@ -59,7 +60,9 @@ class PackedLinear(nn.Linear):
         if (input.device.type != "cpu" or input.dtype != weight.dtype or torch.is_autocast_enabled("cpu")
                 or (torch.is_grad_enabled() and (input.requires_grad or weight.requires_grad))):
             return super().forward(input)
-        key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
+        # (inference tensors keep no version counter: a weight made under inference_mode is repacked when replaced)
+        version = 0 if weight.is_inference() else weight._version
+        key = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
         if getattr(self, "_packed_key", None) != key:
             self._packed_weight, self._packed_key = _pack(weight), key
         return _packed_linear(input, self._packed_weight, self.bias)
