@@ -468,6 +468,7 @@ def run_from_args(args: argparse.Namespace, argv: Sequence[str]) -> int:
     results = results_document(records, argv, settings, methods, skipped, prompts, args.device, load_average_before,
                                target=args.target, drafter=drafter_spec, target_dtype=_dtype_name(target.dtype),
                                target_packed_linear=is_packed(target),
+                               drafter_packed_linear=drafter is not None and is_packed(drafter),
                                drafter_dtype=_dtype_name(draft_dtype), sps_profile=sps)
     paths = write_report(args.output_dir, results, plots=not args.no_plots)
     print(Path(paths["markdown"]).read_text(encoding="utf-8"))

@@ -476,6 +476,7 @@ def main(argv=None) -> int:
                 "settings": {**vars(args),
                              "target_dtype_resolved": str(target.dtype).removeprefix("torch."),
                              "target_packed_linear": is_packed(target),
+                             "drafter_packed_linear": is_packed(drafter),
                              "drafter_dtype_resolved": str(drafter.dtype).removeprefix("torch.")},
                 "results": results}
     (out / "bench_load.json").write_text(json.dumps(document, indent=2) + "\n")
