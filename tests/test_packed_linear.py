@@ -85,6 +85,23 @@ def test_a_changed_weight_is_packed_again():
         assert layer(x).abs().max() == 0
 
 
+def test_a_packed_model_can_be_copied_and_saved_after_use(tmp_path):
+    import copy
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    pack_linear_weights(model, "on")
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        expected = model(x)  # makes the opaque packed copies
+    clone = copy.deepcopy(model)
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    with torch.no_grad():
+        for other in (clone, loaded, model):
+            assert is_packed(other)
+            torch.testing.assert_close(other(x), expected)
+
+
 def test_layers_made_under_inference_mode_are_packed_too():
     with torch.inference_mode():
         layer = torch.nn.Linear(6, 3)

@@ -67,6 +67,13 @@ class PackedLinear(nn.Linear):
             self._packed_weight, self._packed_key = _pack(weight), key
         return _packed_linear(input, self._packed_weight, self.bias)
 
+    def __getstate__(self):
+        # the packed copy is an opaque oneDNN tensor that cannot be copied or saved: dropped, remade on first use
+        state = dict(super().__getstate__())
+        state.pop("_packed_weight", None)
+        state.pop("_packed_key", None)
+        return state
+
 
 def packing_supported(dtype: torch.dtype, device: torch.device | str = "cpu") -> bool:
     """Whether this torch build packs linear weights of `dtype` on `device` (CPUs with PyTorch's oneDNN backend)."""
