@@ -125,12 +125,12 @@ def test_auto_packs_only_what_this_machine_times_faster():
 
 
 def test_unknown_mode_is_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"Unknown packed-linear mode 'fast'; choose one of \['auto', 'on', 'off'\]"):
+    with pytest.raises(ValueError, match=r"Unknown packed_linear 'fast'; choose one of \['auto', 'on', 'off'\]"):
         pack_linear_weights(torch.nn.Linear(2, 2), "fast")
-    from dspark_hf.models import check_packed_linear
+    from dspark_hf.models import load_target
 
-    with pytest.raises(ValueError, match="Unknown packed_linear 'yes'"):
-        check_packed_linear("yes")
+    with pytest.raises(ValueError, match=r"Unknown packed_linear 'yes'; choose one of \['auto', 'on', 'off'\]"):
+        load_target("no/such-target", packed_linear="yes")  # refused before anything loads
 
 
 def test_profiles_record_packing_and_plans_read_only_a_matching_one(tmp_path):

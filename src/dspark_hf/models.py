@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
-from .packed_linear import PACKED_LINEAR_MODES, pack_linear_weights
+from .packed_linear import check_packed_linear, pack_linear_weights
 
 
 logger = logging.get_logger(__name__)
@@ -119,7 +119,7 @@ def load_target(
     On a CPU its linear layers read oneDNN-packed weights where this machine computes them faster that way
     (`packed_linear="auto"`; "on", "off": [`dspark_hf.packed_linear.pack_linear_weights`]): the same model, to rounding,
     for target-only decoding and verification alike."""
-    check_packed_linear(packed_linear)
+    check_packed_linear(packed_linear)  # before any loading
     path = resolve_target_path(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
@@ -129,14 +129,6 @@ def load_target(
         model.to(device)
     pack_linear_weights(model, packed_linear)
     return model.eval(), tokenizer
-
-
-def check_packed_linear(mode: str) -> str:
-    """`mode` if it names a packed-linear setting ("auto", "on", "off"), else a one-line error."""
-    if mode not in PACKED_LINEAR_MODES:
-        raise ValueError(f"Unknown packed_linear {mode!r}; choose one of {list(PACKED_LINEAR_MODES)} (auto: packed "
-                         "oneDNN weights where this CPU runs them faster).")
-    return mode
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")

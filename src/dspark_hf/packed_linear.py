@@ -32,7 +32,8 @@ import torch
 from torch import nn
 
 
-__all__ = ["PACKED_LINEAR_MODES", "PackedLinear", "pack_linear_weights", "is_packed", "packing_supported"]
+__all__ = ["PACKED_LINEAR_MODES", "PackedLinear", "pack_linear_weights", "is_packed", "packing_supported",
+           "check_packed_linear"]
 
 PACKED_LINEAR_MODES = ("auto", "on", "off")
 # dtypes oneDNN packs on every x86 CPU torch supports (float16 needs AVX512-FP16 or AMX-FP16)
@@ -124,7 +125,7 @@ def _time_layers(layers: list[nn.Linear], rows: int, repeats: int = 3) -> float:
     return best
 
 
-def _packing_pays(model: nn.Module, layers: list[nn.Linear]) -> bool:
+def _packing_pays(layers: list[nn.Linear]) -> bool:
     """Times the model's own layers at 1 and 4 input rows (a decode step and a verification), packed and not,
     interleaved: whether packed takes at most `_AUTO_MAX_RATIO` of the time at both. Decided once per layer shapes
     and dtype in a process (a fraction of a second for a small model)."""
@@ -141,6 +142,14 @@ def _packing_pays(model: nn.Module, layers: list[nn.Linear]) -> bool:
     return _AUTO_DECISIONS[key]
 
 
+def check_packed_linear(mode: str) -> str:
+    """`mode` if it names a packed-linear setting ("auto", "on", "off"), else a one-line error."""
+    if mode not in PACKED_LINEAR_MODES:
+        raise ValueError(f"Unknown packed_linear {mode!r}; choose one of {list(PACKED_LINEAR_MODES)} (auto: packed "
+                         "oneDNN weights where this CPU runs them faster).")
+    return mode
+
+
 def pack_linear_weights(model: nn.Module, mode: str = "auto") -> int:
     """Turns the `nn.Linear` layers of `model` into [`PackedLinear`] layers in place (inference only: training and
     autocast forwards run as before); returns how many layers are packed afterwards.
@@ -151,13 +160,11 @@ def pack_linear_weights(model: nn.Module, mode: str = "auto") -> int:
             packed (timed once per process, at 1 and 4 rows); `"on"` packs wherever torch can; `"off"` undoes
             packing.
     """
-    if mode not in PACKED_LINEAR_MODES:
-        raise ValueError(f"Unknown packed-linear mode {mode!r}; choose one of {list(PACKED_LINEAR_MODES)}.")
-    if mode == "off":
+    if check_packed_linear(mode) == "off":
         _set_class(_linears(model, PackedLinear), nn.Linear)
         return 0
     layers = [layer for layer in _linears(model, nn.Linear)
               if packing_supported(layer.weight.dtype, layer.weight.device)]
-    if layers and (mode == "on" or _packing_pays(model, layers)):
+    if layers and (mode == "on" or _packing_pays(layers)):
         _set_class(layers, PackedLinear)
     return len(_linears(model, PackedLinear))

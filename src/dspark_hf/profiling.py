@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     (args,) = parser.parse_args_into_dataclasses(args=argv if argv is not None else sys.argv[1:])
     from transformers import AutoModelForCausalLM
 
-    from .models import check_model_path, check_packed_linear, resolve_target_path, target_dtype
+    from .models import check_model_path, resolve_target_path, target_dtype
 
     if args.drafter is not None:
         check_model_path(args.drafter)
@@ -488,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = target_dtype(args.target_dtype, device)
     model = AutoModelForCausalLM.from_pretrained(resolve_target_path(args.target), dtype=dtype).to(device).eval()
-    pack_linear_weights(model, check_packed_linear(args.packed_linear))
+    pack_linear_weights(model, args.packed_linear)
     profile = profile_steps_per_second(
         model, args.max_tokens, args.batch_sizes, args.context_length, args.warmup, args.repeats,
         forward_kwargs=_drafter_forward_kwargs(args.drafter),
