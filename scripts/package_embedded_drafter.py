@@ -11,6 +11,13 @@ The drafter is restricted to a reduced draft vocabulary (`--draft-vocab-size`, r
     python scripts/package_embedded_drafter.py --drafter runs/dspark --data WORK_DIR/conv* --draft-vocab-size 8192 \
         --bench benchmarks/results/smollm2-greedy/results.json benchmarks/results/smollm2-gsm8k100-256/results.json \
         benchmarks/results/smollm2-humaneval-256/results.json --out src/dspark_hf/drafters/dspark-smollm2-135m-instruct
+
+`--card_only` rewrites only the folder's README.md (e.g. with newer benchmark runs), leaving the weights as they are:
+
+    python scripts/package_embedded_drafter.py --card_only --drafter src/dspark_hf/drafters/dspark-smollm2-135m-instruct \
+        --stage 7 --calibration_record benchmarks/results/smollm2-training/stage-bench/stage7-2layer/calibration_report.json \
+        --bench benchmarks/results/packed-linear/bench-fp32-packed/results.json \
+        benchmarks/results/packed-linear/bench-bf16-packed/results.json
 """
 
 from __future__ import annotations
@@ -47,6 +54,15 @@ TRAINING = {
     "draft vocabulary": "the 8,192 most frequent response tokens of the stage 1-3 data (88% of the target's output "
                         "tokens on gsm8k, humaneval and mt-bench); kept by later stages, which train over it",
 }
+# What "identical" means in the card's table, per target dtype (README, "What identical means per dtype").
+IDENTITY_NOTE = (
+    "Speed-ups are over the target alone in the same run, same dtype and same packing of linear weights (`packed`: "
+    "`dspark_hf.pack_linear_weights`). `identical` counts outputs equal to the target's own one-token-at-a-time greedy "
+    "output in that dtype: in float32 every DSpark output must be (a difference is a bug); in bfloat16 a k-token "
+    "verification forward rounds differently from k one-token forwards, so outputs may part at near-ties (for every "
+    "speculative method, prompt lookup included) while staying exact with respect to the target's verification "
+    "forward."
+)
 # What each campaign stage added (benchmarks/results/smollm2-training/campaign.md); --stage picks how far to describe.
 STAGES = {
     4: "stage 4: 700 steps x 4 sequences from stage 3 at lr 2e-4 (cosine), bf16 autocast, 2 threads, on 2,800 of "
@@ -76,6 +92,8 @@ def calibration_summary(report: dict, record: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--drafter", required=True)
+    parser.add_argument("--card_only", action="store_true",
+                        help="rewrite only README.md in --out (default: the --drafter folder), not the weights")
     parser.add_argument("--bench", nargs="*", default=[],
                         help="results.json of `dspark-hf bench` (or `bench-merge`), one table row per summary row")
     parser.add_argument("--extra", nargs="*", default=[], help="files copied next to the weights (profile, reports)")
@@ -85,25 +103,35 @@ def main() -> None:
                         help="the last campaign stage the drafter went through (the card lists the stages up to it)")
     parser.add_argument("--calibration_record", default="benchmarks/results/smollm2-training/calibration_report.json",
                         help="where the calibration report is committed (named on the card)")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--out", default=None, help="the package folder (required unless --card_only)")
     args = parser.parse_args()
-    target, _ = load_target()
-    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, dtype=torch.float32)
+    if args.out is None and not args.card_only:
+        parser.error("--out is required (the folder to package the drafter into), unless --card_only")
+    if args.card_only and (args.data or args.draft_vocab_size or args.extra):
+        parser.error("--card_only rewrites the model card only; drop --data, --draft-vocab-size and --extra")
+    target, _ = load_target(packed_linear="off")  # the card and weights do not depend on packing
+    # float32 to reduce the vocabulary and save; a card-only run describes the stored (bf16) weights
+    dtype = torch.bfloat16 if args.card_only else torch.float32
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, dtype=dtype)
     if args.draft_vocab_size:
         counts = count_response_tokens(args.data)
         config = drafter.config
         ids = select_draft_vocabulary(counts, args.draft_vocab_size, config.vocab_size, special_token_ids(config))
         drafter.reduce_vocabulary(ids)
         print(f"draft vocabulary {len(ids)}: {coverage(counts, ids):.4f} of {sum(counts.values())} response tokens")
-    out = Path(args.out)
+    out = Path(args.out or args.drafter)
     out.mkdir(parents=True, exist_ok=True)
-    drafter.to(torch.bfloat16).save_compact(out)
-    for extra in args.extra:
-        shutil.copy(extra, out / Path(extra).name)
+    drafter.to(torch.bfloat16)
+    if not args.card_only:
+        drafter.save_compact(out)
+        for extra in args.extra:
+            shutil.copy(extra, out / Path(extra).name)
     training = dict(TRAINING)
     if args.stage:
         training["training"] = "; ".join(text for stage, text in STAGES.items() if stage <= args.stage)
     report_path = Path(args.drafter) / "calibration_report.json"
+    if not report_path.exists():  # a packaged folder: the report is where it is committed
+        report_path = Path(args.calibration_record)
     if report_path.exists():
         training["calibration"] = calibration_summary(json.loads(report_path.read_text()), args.calibration_record)
     benchmark = None
@@ -124,10 +152,11 @@ def main() -> None:
                 summary = [row for row in summary if row["category"] != "all"]
             settings = results["settings"]
             dtype = settings.get("target_dtype", settings.get("dtype", "float32"))
+            dtype += ", packed" if settings.get("target_packed_linear") else ""
             rows += [{"max_new_tokens": new_tokens, "target_dtype": dtype, **{k: row[k] for k in keep}}
                      for row in summary if not row["method"].startswith("baseline_")]  # the card shows this drafter
             commands.append(results["command"])
-        benchmark = {"rows": rows, "machine": describe_machine(results["machine"]), "versions": results["versions"],
+        benchmark = {"rows": rows, "notes": IDENTITY_NOTE, "machine": describe_machine(results["machine"]), "versions": results["versions"],
                      "command": "; ".join(commands)}
     card = render_model_card(
         drafter, repo_id="dspark-hf/dspark-smollm2-135m-instruct",

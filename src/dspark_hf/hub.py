@@ -92,7 +92,8 @@ def render_model_card(
         card_data ([`ModelCardData`] or `dict`): metadata; needs ``base_model`` and ``license`` (see
             [`build_card_data`]), may add ``tags``, ``datasets``, ``language``, ``model_name``.
         benchmark: rows as a list of dicts, or ``{"rows": [...], "machine": ..., "versions": ..., "command": ...}``
-            (as written by ``dspark-hf bench``), or a path to such a JSON file.
+            (as written by ``dspark-hf bench``; an optional ``"notes"`` string is printed under the table, e.g. what
+            a column means), or a path to such a JSON file.
         training: the training recipe as a dict (``datasets``, ``responses``, ``epochs``, ...) or a JSON path.
 
     Example:
@@ -165,7 +166,8 @@ def format_training(training: Mapping[str, Any] | None) -> str:
 
 
 def format_benchmark(benchmark: Any) -> str:
-    """A benchmark as a Markdown table (one row per dict, columns in first-seen order), plus its provenance."""
+    """A benchmark as a Markdown table (one row per dict, columns in first-seen order), its notes, and its
+    provenance."""
     if not benchmark:
         return "No benchmark was recorded for this drafter."
     rows = (benchmark.get("rows") or benchmark.get("results")) if isinstance(benchmark, Mapping) else benchmark
@@ -177,6 +179,8 @@ def format_benchmark(benchmark: Any) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row.get(column)) for column in columns) + " |" for row in rows]
     if isinstance(benchmark, Mapping):
+        if benchmark.get("notes"):
+            lines.append(f"\n{benchmark['notes']}")
         for key in ("machine", "versions", "command"):
             if benchmark.get(key):
                 value = benchmark[key]
