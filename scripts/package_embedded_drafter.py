@@ -14,8 +14,9 @@ The drafter is restricted to a reduced draft vocabulary (`--draft-vocab-size`, r
 
 `--card_only` rewrites only the folder's README.md (e.g. with newer benchmark runs), leaving the weights as they are:
 
-    python scripts/package_embedded_drafter.py --card_only --drafter src/dspark_hf/drafters/dspark-smollm2-135m-instruct \
-        --stage 7 --calibration_record benchmarks/results/smollm2-training/stage-bench/stage7-2layer/calibration_report.json \
+    python scripts/package_embedded_drafter.py --card_only \
+        --drafter src/dspark_hf/drafters/dspark-smollm2-135m-instruct --stage 7 \
+        --calibration_record benchmarks/results/smollm2-training/stage-bench/stage7-2layer/calibration_report.json \
         --bench benchmarks/results/packed-linear/bench-fp32-packed/results.json \
         benchmarks/results/packed-linear/bench-bf16-packed/results.json
 """
@@ -111,8 +112,8 @@ def main() -> None:
         parser.error("--card_only rewrites the model card only; drop --data, --draft-vocab-size and --extra")
     target, _ = load_target(packed_linear="off")  # the card and weights do not depend on packing
     # float32 to reduce the vocabulary and save; a card-only run describes the stored (bf16) weights
-    dtype = torch.bfloat16 if args.card_only else torch.float32
-    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, dtype=dtype)
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target,
+                                            dtype=torch.bfloat16 if args.card_only else torch.float32)
     if args.draft_vocab_size:
         counts = count_response_tokens(args.data)
         config = drafter.config
@@ -156,8 +157,8 @@ def main() -> None:
             rows += [{"max_new_tokens": new_tokens, "target_dtype": dtype, **{k: row[k] for k in keep}}
                      for row in summary if not row["method"].startswith("baseline_")]  # the card shows this drafter
             commands.append(results["command"])
-        benchmark = {"rows": rows, "notes": IDENTITY_NOTE, "machine": describe_machine(results["machine"]), "versions": results["versions"],
-                     "command": "; ".join(commands)}
+        benchmark = {"rows": rows, "notes": IDENTITY_NOTE, "machine": describe_machine(results["machine"]),
+                     "versions": results["versions"], "command": "; ".join(commands)}
     card = render_model_card(
         drafter, repo_id="dspark-hf/dspark-smollm2-135m-instruct",
         card_data={"base_model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "apache-2.0",
