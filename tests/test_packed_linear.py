@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import make_drafter, make_target
-from dspark_hf.packed_linear import PackedLinear, is_packed, pack_linear_weights, packing_supported
+from conftest import left_pad, make_drafter, make_target, solo
+from dspark_hf.packed_linear import PackedLinear, is_packed, pack_linear_weights, packing_supported, real_tokens_only
 from dspark_hf.profiling import _profile_fits, main, profile_dtype_mismatch, profile_steps_per_second
 
 
@@ -161,3 +161,77 @@ def test_profile_command_packs_as_asked(tmp_path):
                 "--output", str(output)]
         assert main(argv) == 0
         assert json.loads(output.read_text())["settings"]["packed_linear"] is packed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_real_tokens_only_computes_the_padded_forwards_logits_at_real_tokens(dtype):
+    """Left-padded prompts through a packed target: inside `real_tokens_only` the real positions' logits are the
+    padded forward's (computed by the same kernel in a shorter batch), and the linear layers give zeros at padding."""
+    target = make_target("qwen3", seed=2).to(dtype)
+    pack_linear_weights(target, "on")
+    ids, mask = left_pad([[5, 9, 31, 2, 77, 40, 8], [11, 12], [60, 61, 62, 63]])
+    mask = mask.bool()
+    ids[~mask] = 3  # a pad token with an embedding: padding computes something unless skipped
+    positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
+    seen = []
+    hook = target.model.layers[0].mlp.down_proj.register_forward_hook(lambda m, args, out: seen.append(out))
+    with torch.no_grad():
+        expected = target(ids, attention_mask=mask, position_ids=positions).logits
+        with real_tokens_only(mask):
+            actual = target(ids, attention_mask=mask, position_ids=positions).logits
+    hook.remove()
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(actual[mask], expected[mask], atol=tolerance, rtol=tolerance)
+    assert seen[1][~mask].abs().sum() == 0 and seen[0][~mask].abs().sum() > 0
+
+
+def test_real_tokens_only_leaves_other_forwards_alone():
+    """Inputs of another shape (a last-position LM head), a mask with too little padding to pay, layers that are not
+    packed, and forwards that autograd records compute every token as usual."""
+    layer = torch.nn.Linear(4, 3)
+    inputs = torch.randn(2, 5, 4)
+    with torch.no_grad():
+        plain = layer(inputs)
+    few = torch.ones(2, 20, dtype=torch.bool)
+    few[0, 0] = False  # 1 of 40 positions padding: under RAGGED_MIN_PADDING
+    mask = torch.tensor([[False, False, True, True, True], [True] * 5])
+    with torch.no_grad(), real_tokens_only(mask):
+        assert torch.equal(layer(inputs), plain)  # not packed
+    pack_linear_weights(layer, "on")
+    with torch.no_grad():
+        packed = layer(inputs)
+        with real_tokens_only(mask):
+            assert torch.equal(layer(inputs[:, -1:]), packed[:, -1:])  # another shape
+            assert layer(inputs)[0, :2].abs().sum() == 0
+        with real_tokens_only(few):
+            assert layer(torch.randn(2, 20, 4))[0, 0].abs().sum() > 0
+    with real_tokens_only(mask):
+        recorded = layer(inputs)
+    assert recorded.requires_grad and recorded[0, :2].abs().sum() > 0
+
+
+@pytest.mark.parametrize("with_drafter", [False, True])
+def test_engine_over_a_packed_target_computes_real_tokens_and_stays_exact(with_drafter, monkeypatch):
+    """The batched engine's forwards over a packed target (left-padded prefills, rounds of different widths) skip
+    padding in the linear layers, and every request is the packed target's own greedy output."""
+    from dspark_hf.generation import batched
+    from dspark_hf.generation.batched import DSparkBatchEngine
+
+    target = make_target("llama", seed=7)
+    drafter = make_drafter(target, block_size=4) if with_drafter else None
+    pack_linear_weights(target, "on")
+    ragged = []
+    original = batched.real_tokens_only
+
+    def counting(mask):
+        ragged.append(mask is not None and bool((~mask.bool()).any()))
+        return original(mask)
+
+    monkeypatch.setattr(batched, "real_tokens_only", counting)
+    engine = DSparkBatchEngine(target, drafter, pad_token_id=0, prompt_lookup_num_tokens=3 if with_drafter else None)
+    prompts = [[5, 6, 7, 5, 6, 7, 5], [9, 10], [20, 21, 22, 23, 24], [30]]
+    requests = [engine.add_request(p, 12) for p in prompts]
+    engine.run()
+    assert any(ragged)  # the prefill at least
+    for prompt, request in zip(prompts, requests):
+        assert request.output_ids == solo(target, prompt, 12, eos_token_id=None)

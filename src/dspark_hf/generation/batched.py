@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from ..modeling_dspark import DSparkDrafter
+from ..packed_linear import is_packed, real_tokens_only
 from . import cache_ops
 from .cache_ops import concat_rows, drop_slots_left, leading_holes, pad_mask_left, pad_slots_left
 from .drafting import DraftedBlock, block_inputs, greedy_prefix, pick_tokens, sample_drafts, verify
@@ -190,6 +191,7 @@ class DSparkBatchEngine:
             if self.policy.requires_confidence and drafter.confidence_head is None:
                 raise ValueError(f"The {self.policy.name!r} policy needs a drafter with a confidence head.")
         self.target, self.drafter = target, drafter
+        self._packed_target = is_packed(target)
         self.do_sample = do_sample
         self.logits_processor = logits_processor or LogitsProcessorList()
         eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
@@ -277,8 +279,11 @@ class DSparkBatchEngine:
         """Logits (float32) at the last `logits_to_keep` positions (0: all) and the drafter's context features."""
         indices = self._hidden_state_indices()
         kwargs = {"output_hidden_states": indices} if indices else {}
-        out = engine_forward(self.target, input_ids, attention_mask, position_ids, cache,
-                             logits_to_keep=logits_to_keep, **kwargs)
+        # padding (left-padded prompts, rows verifying fewer drafts than the widest) skips the packed linear layers
+        real = attention_mask[:, -input_ids.shape[1]:] if self._packed_target else None
+        with real_tokens_only(real):
+            out = engine_forward(self.target, input_ids, attention_mask, position_ids, cache,
+                                 logits_to_keep=logits_to_keep, **kwargs)
         features = None
         if indices:
             features = torch.cat([out.hidden_states[i] for i in indices], dim=-1)
