@@ -80,7 +80,7 @@ def real_tokens_only(mask: torch.Tensor | None):
 
     A batch of left-padded prompts, or a verification round whose rows verify different numbers of drafts, then costs
     what its real tokens cost: a prefill of 32 gsm8k / humaneval prompts (3,951 tokens padded to 10,048) took 0.62x
-    the padded time in float32 on a 2-core EPYC, a round where 8 of 32 rows verify 5 tokens 0.69x
+    the padded time in float32 on a 2-core EPYC, a round where 8 of 32 rows verify 5 tokens 0.72x
     (`benchmarks/results/ragged-verification/`). A real token's outputs are computed by the same kernel on the same
     weights, only in a shorter batch: they matched the padded forward's bitwise there. Skipped (`mask` `None`, or
     under `RAGGED_MIN_PADDING` of it padding) where it would not pay; layers that are not packed are unaffected.
