@@ -201,10 +201,13 @@ def test_real_tokens_only_leaves_other_forwards_alone():
     with torch.no_grad():
         packed = layer(inputs)
         with real_tokens_only(mask):
-            assert torch.equal(layer(inputs[:, -1:]), packed[:, -1:])  # another shape
+            torch.testing.assert_close(layer(inputs[:, -1:]), packed[:, -1:])  # another shape: every row computed
             assert layer(inputs)[0, :2].abs().sum() == 0
         with real_tokens_only(few):
             assert layer(torch.randn(2, 20, 4))[0, 0].abs().sum() > 0
+        with real_tokens_only(mask.long()):  # a 0/1 attention mask reads the same
+            torch.testing.assert_close(layer(inputs)[0, 2:], packed[0, 2:])
+            assert layer(inputs)[0, :2].abs().sum() == 0
     with real_tokens_only(mask):
         recorded = layer(inputs)
     assert recorded.requires_grad and recorded[0, :2].abs().sum() > 0

@@ -101,10 +101,11 @@ def real_tokens_only(mask: torch.Tensor | None):
 
     ```
     """
+    mask = None if mask is None else mask.bool()  # an attention mask of 0/1 integers too
     if mask is None or mask.dim() != 2 or (~mask).sum().item() < RAGGED_MIN_PADDING * mask.numel():
         yield
         return
-    token = _REAL_TOKENS.set(_RealTokens(mask.bool()))
+    token = _REAL_TOKENS.set(_RealTokens(mask))
     try:
         yield
     finally:
