@@ -5,7 +5,8 @@ The engine prefills left-padded prompts and verifies every row at one padded wid
 linear layer like real tokens: a prefill of prompts of 100 and 300 tokens cost two of 300, a round where 8 of 32 rows
 verify 4 drafts what one where all 32 do. Engines that batch ragged sequences (vLLM, SGLang) pay only for the tokens
 they compute. With a packed target the engine now gathers the real tokens into the linear layers and scatters the
-results back (attention still runs padded).
+results back (attention still runs padded) where at least `RAGGED_MIN_PADDING` of a forward
+is padding.
 
 `--forwards` times single forwards (the engine's slot cache and grouped-query attention), padded and ragged,
 interleaved: prefills of 4, 16 and 32 gsm8k / humaneval prompts, and rounds at 32 rows over a 256-token cache where 8
@@ -15,6 +16,8 @@ target-only and hardware-aware + prompt lookup, each with ragged forwards (the e
 
     python scripts/ab_ragged_verification.py --target_dtype float32 --forwards --levels 16 32 \
         --output benchmarks/results/ragged-verification/ab-fp32.json
+    python scripts/ab_ragged_verification.py --target_dtype bfloat16 --packed_linear on --forwards --levels 16 32 \
+        --output benchmarks/results/ragged-verification/ab-bf16.json
 """
 
 from __future__ import annotations
@@ -116,6 +119,7 @@ def time_forwards(target, prompts: list[list[int]], rounds: int = 5) -> list[dic
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target_dtype", default="auto")
+    parser.add_argument("--packed_linear", default="auto", help="auto, on (ragged forwards need packed layers)")
     parser.add_argument("--levels", type=int, nargs="*", default=[16, 32])
     parser.add_argument("--max_new_tokens", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=1)
@@ -125,10 +129,11 @@ def main() -> None:
     args = parser.parse_args()
 
     torch.manual_seed(0)
-    target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype(args.target_dtype))
+    target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype(args.target_dtype),
+                                    packed_linear=args.packed_linear)
     if not is_packed(target):
-        raise SystemExit("The target's linear layers are not packed on this machine (packed_linear auto): ragged "
-                         "forwards need packed layers.")
+        raise SystemExit(f"The target's linear layers are not packed (--packed_linear {args.packed_linear}): ragged "
+                         "forwards need packed layers; pass --packed_linear on.")
     drafter = DSparkDrafter.from_pretrained(EMBEDDED_DRAFTERS[DEFAULT_TARGET], target=target,
                                             dtype=drafter_dtype("auto")).eval()
     files = [SHARED / "data/eval/gsm8k.jsonl", SHARED / "data/eval/humaneval.jsonl"]

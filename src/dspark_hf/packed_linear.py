@@ -45,8 +45,9 @@ _PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 _AUTO_MAX_RATIO = 0.95
 _AUTO_DECISIONS: dict[tuple, bool] = {}
 # `real_tokens_only`: skipped when fewer than this fraction of a forward's tokens are padding (the gather and scatter
-# around each layer cost ~5% of a forward at 32 rows; computing 10% fewer tokens saves about as much)
-RAGGED_MIN_PADDING = 0.1
+# around each layer have a cost of their own: a prefill of 4 prompts with 15% padding took 0.95x the padded time in
+# float32 but 1.06x in bf16, one of 16 with 25% 0.87x and 0.92x; `benchmarks/results/ragged-verification/`)
+RAGGED_MIN_PADDING = 0.2
 
 
 class _RealTokens:
@@ -82,8 +83,9 @@ def real_tokens_only(mask: torch.Tensor | None):
     what its real tokens cost: a prefill of 32 gsm8k / humaneval prompts (3,951 tokens padded to 10,048) took 0.62x
     the padded time in float32 on a 2-core EPYC, a round where 8 of 32 rows verify 5 tokens 0.72x
     (`benchmarks/results/ragged-verification/`). A real token's outputs are computed by the same kernel on the same
-    weights, only in a shorter batch: they matched the padded forward's bitwise there. Skipped (`mask` `None`, or
-    under `RAGGED_MIN_PADDING` of it padding) where it would not pay; layers that are not packed are unaffected.
+    weights, only in a shorter batch: they matched the padded forward's bitwise there, in float32 and bf16. Skipped
+    (`mask` `None`, or under `RAGGED_MIN_PADDING` of it padding) where it would not pay; layers that are not packed are
+    unaffected.
 
     ```python
     >>> import torch
@@ -200,11 +202,17 @@ def _time_layers(layers: list[nn.Linear], rows: int, repeats: int = 3) -> float:
 
 def _packing_pays(layers: list[nn.Linear]) -> bool:
     """Times the model's own layers at 1 and 4 input rows (a decode step and a verification), packed and not,
-    interleaved: whether packed takes at most `_AUTO_MAX_RATIO` of the time at both. Decided once per layer shapes
-    and dtype in a process (a fraction of a second for a small model)."""
+    interleaved, after one untimed pass of each (first calls include oneDNN's set-up for each shape; in bf16 on a
+    2-core EPYC, where packed layers are near the line at one row, that once tipped `auto` to unpacked): whether packed
+    takes at most `_AUTO_MAX_RATIO` of the time at both. Decided once per layer shapes and dtype in a process (a
+    fraction of a second for a small model)."""
     key = (layers[0].weight.dtype, tuple(sorted({(l.in_features, l.out_features) for l in layers})))
     if key not in _AUTO_DECISIONS:
         totals = {"packed": [0.0, 0.0], "default": [0.0, 0.0]}
+        for cls in (nn.Linear, PackedLinear):  # untimed: packing the weights, oneDNN's first call at each shape
+            _set_class(layers, cls)
+            for rows in (1, 4):
+                _time_layers(layers, rows, repeats=1)
         for _ in range(2):
             for variant, cls in (("default", nn.Linear), ("packed", PackedLinear)):
                 _set_class(layers, cls)
