@@ -56,14 +56,11 @@ class _RealTokens:
     def __init__(self, mask: torch.Tensor):
         self.index = mask.reshape(-1).nonzero().squeeze(1)
         self.shape = tuple(mask.shape)
-        self._last: tuple[torch.Tensor, torch.Tensor] | None = None  # (input, its gathered rows)
 
     def gather(self, input: torch.Tensor) -> torch.Tensor:
-        if self._last is not None and self._last[0] is input:  # q/k/v and gate/up read one input: gathered once
-            return self._last[1]
-        rows = input.reshape(-1, input.shape[-1]).index_select(0, self.index.to(input.device))
-        self._last = (input, rows)
-        return rows
+        # every layer gathers its own input: q/k/v read one tensor, but a model may change a tensor in place between
+        # two layers' calls, and a gather is a small copy next to the layer
+        return input.reshape(-1, input.shape[-1]).index_select(0, self.index.to(input.device))
 
     def scatter(self, rows: torch.Tensor) -> torch.Tensor:
         full = rows.new_zeros(math.prod(self.shape), rows.shape[-1])
