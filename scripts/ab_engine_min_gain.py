@@ -21,7 +21,7 @@ import torch
 
 from dspark_hf.benchmarks.bench import machine_info, version_info
 from dspark_hf.benchmarks.bench_load import pooled_rows, run_passes
-from dspark_hf.benchmarks.prompts import load_prompts, render_conversation
+from dspark_hf.benchmarks.prompts import first_turn_ids
 from dspark_hf.generation.batched import DSparkBatchEngine
 from dspark_hf.generation.policies import HardwareAwarePolicy
 from dspark_hf.modeling_dspark import DSparkDrafter
@@ -32,15 +32,14 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 PROFILE = Path(__file__).resolve().parents[1] / "benchmarks/results/smollm2-load-stage7-bf16/bf16-profile.json"
 
 
-def load_models():
-    """The embedded default in bf16 where native, with bench-load's prompts (gsm8k, then humaneval) tokenized."""
+def load_models(dtype: str = "auto", packed_linear: str = "auto"):
+    """The embedded default (in bf16 where native by default), with bench-load's prompts (gsm8k, then humaneval)
+    tokenized."""
     torch.manual_seed(0)
-    target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype("auto"))
+    target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype(dtype), packed_linear=packed_linear)
     drafter = DSparkDrafter.from_pretrained(EMBEDDED_DRAFTERS[DEFAULT_TARGET], target=target,
                                             dtype=drafter_dtype("auto")).eval()
-    files = [SHARED / "data/eval/gsm8k.jsonl", SHARED / "data/eval/humaneval.jsonl"]
-    prompts = [tokenizer(render_conversation(tokenizer, p.turns[:1], []), add_special_tokens=False)["input_ids"]
-               for p in load_prompts([str(f) for f in files])]
+    prompts = first_turn_ids(tokenizer, [SHARED / "data/eval/gsm8k.jsonl", SHARED / "data/eval/humaneval.jsonl"])
     return target, drafter, tokenizer, prompts
 
 

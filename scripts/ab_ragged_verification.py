@@ -34,17 +34,14 @@ import torch
 
 from dspark_hf.benchmarks.bench import machine_info, version_info
 from dspark_hf.benchmarks.bench_load import level_exactness, pooled_rows, run_passes
-from dspark_hf.benchmarks.prompts import load_prompts, render_conversation
 from dspark_hf.generation import cache_ops
 from dspark_hf.generation.batched import DSparkBatchEngine
 from dspark_hf.generation.gqa import native_gqa, packed_gqa
 from dspark_hf.generation.policies import HardwareAwarePolicy
-from dspark_hf.modeling_dspark import DSparkDrafter
-from dspark_hf.models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, drafter_dtype, load_target, target_dtype
 from dspark_hf.packed_linear import is_packed, real_tokens_only
 from dspark_hf.profiling import load_speed_tables, steps_per_second_here
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
+from ab_engine_min_gain import load_models
 
 
 class PaddedEngine(DSparkBatchEngine):
@@ -128,17 +125,10 @@ def main() -> None:
     parser.add_argument("--output", type=Path, required=True)
     args = parser.parse_args()
 
-    torch.manual_seed(0)
-    target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype(args.target_dtype),
-                                    packed_linear=args.packed_linear)
+    target, drafter, tokenizer, prompts = load_models(args.target_dtype, args.packed_linear)
     if not is_packed(target):
         raise SystemExit(f"The target's linear layers are not packed (--packed_linear {args.packed_linear}): ragged "
                          "forwards need packed layers; pass --packed_linear on.")
-    drafter = DSparkDrafter.from_pretrained(EMBEDDED_DRAFTERS[DEFAULT_TARGET], target=target,
-                                            dtype=drafter_dtype("auto")).eval()
-    files = [SHARED / "data/eval/gsm8k.jsonl", SHARED / "data/eval/humaneval.jsonl"]
-    prompts = [tokenizer(render_conversation(tokenizer, p.turns[:1], []), add_special_tokens=False)["input_ids"]
-               for p in load_prompts([str(f) for f in files])]
     document = {"command": " ".join(["python", *sys.argv]), "machine": machine_info(), "versions": version_info(),
                 "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                 "target_dtype": str(target.dtype).removeprefix("torch.")}

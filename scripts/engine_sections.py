@@ -21,7 +21,7 @@ from pathlib import Path
 
 from dspark_hf.benchmarks.bench import machine_info, version_info
 from dspark_hf.benchmarks.bench_load import ClosedLoop
-from dspark_hf.benchmarks.prompts import load_prompts, render_conversation
+from dspark_hf.benchmarks.prompts import first_turn_ids
 from dspark_hf.generation import batched
 from dspark_hf.generation.batched import DSparkBatchEngine
 from dspark_hf.generation.policies import get_policy
@@ -98,8 +98,7 @@ def main() -> None:
     target, tokenizer = load_target(dtype=target_dtype(args.target_dtype))
     drafter = DSparkDrafter.from_pretrained(str(EMBEDDED_DRAFTERS[DEFAULT_TARGET]), target=target,
                                             dtype=drafter_dtype("auto")).eval()
-    prompts = [tokenizer(render_conversation(tokenizer, p.turns[:1], []), add_special_tokens=False)["input_ids"]
-               for p in load_prompts(args.prompts)]
+    prompts = first_turn_ids(tokenizer, args.prompts)
     profile = steps_per_second_here(target, drafter, batch_sizes=sorted({1, 2, 4, 8, 16, 32, args.rows}))[1]
     results = [run(method, target, drafter, profile, prompts, args.rows, args.requests, args.max_new_tokens,
                    tokenizer.eos_token_id) for method in args.methods.split(",")]

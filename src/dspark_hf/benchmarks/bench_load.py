@@ -47,7 +47,7 @@ from ..profiling import load_speed_tables, profile_dtype_mismatch, steps_per_sec
 from .bench import machine_info, version_info
 from .exactness import conversation_divergence, summarize_divergences
 from .methods import split_lookup
-from .prompts import load_prompts, render_conversation
+from .prompts import first_turn_ids
 
 
 def _parse_args(argv) -> argparse.Namespace:
@@ -446,8 +446,7 @@ def main(argv=None) -> int:
                                     packed_linear=args.packed_linear)
     drafter = DSparkDrafter.from_pretrained(path, target=target, dtype=drafter_dtype(args.drafter_dtype)).eval()
     pack_linear_weights(drafter, args.packed_linear)
-    prompts = [render_conversation(tokenizer, p.turns[:1], []) for p in load_prompts(args.prompts)]
-    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in prompts]
+    prompts = first_turn_ids(tokenizer, args.prompts)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     levels = [int(c) for c in args.concurrency.split(",")]
     sps_path = _speed_profile(args, target, drafter, levels)

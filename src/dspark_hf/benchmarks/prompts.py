@@ -129,3 +129,9 @@ def render_conversation(
             "template. Use an instruct model's tokenizer, or pass --no_chat_template to feed the raw turns."
         )
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def first_turn_ids(tokenizer: PreTrainedTokenizerBase, paths: Sequence[str | Path]) -> list[list[int]]:
+    """Every prompt of `paths` as `dspark-hf bench-load` sends it: its first turn in the chat template, as token ids."""
+    return [tokenizer(render_conversation(tokenizer, p.turns[:1], []), add_special_tokens=False)["input_ids"]
+            for p in load_prompts(paths)]
