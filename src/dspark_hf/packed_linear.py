@@ -206,7 +206,9 @@ def _packing_pays(layers: list[nn.Linear]) -> bool:
     key = (layers[0].weight.dtype, tuple(sorted({(l.in_features, l.out_features) for l in layers})))
     if key not in _AUTO_DECISIONS:
         totals = {"packed": [0.0, 0.0], "default": [0.0, 0.0]}
-        for cls in (nn.Linear, PackedLinear):  # untimed: packing the weights, oneDNN's first call at each shape
+        # untimed: oneDNN's first call at each shape (switching back to `nn.Linear` drops the packed copies; the
+        # timed passes remake them in their first repeat, which best-of-`repeats` leaves out)
+        for cls in (nn.Linear, PackedLinear):
             _set_class(layers, cls)
             for rows in (1, 4):
                 _time_layers(layers, rows, repeats=1)
