@@ -63,6 +63,7 @@ def test_batched_generation_honours_the_settings(target, drafter, monkeypatch):
         (dict(num_assistant_tokens=2, assistant_confidence_threshold=0.9), "two verification policies; pass one"),
         (dict(num_assistant_tokens_schedule="heuristic"), "does not apply to a DSpark assistant"),
         (dict(num_beams=2), "num_beams=2 cannot use a DSpark assistant"),
+        (dict(guidance_scale=1.5), "guidance_scale=1.5 cannot use a DSpark assistant"),
     ],
 )
 def test_settings_a_dspark_assistant_cannot_honour_are_refused(target, drafter, kwargs, message):

@@ -23,19 +23,24 @@ silently disabling speculation.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 
 import transformers
 from packaging import version
+import torch
+from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerationMixin
-from transformers import AutoModel, AutoModelForCausalLM, GenerationConfig
+from transformers import AutoModel, AutoModelForCausalLM, GenerationConfig, LogitsProcessorList
+from transformers import PrefixConstrainedLogitsProcessor, RepetitionPenaltyLogitsProcessor
 from transformers.utils import logging
 
 from . import registry
 from .generation.gqa import use_native_gqa
 from .generation.policies import policy_for_call
+from .generation.stopping import RoundStopping, token_criteria
 
 
 logger = logging.get_logger(__name__)
@@ -143,7 +148,28 @@ def eos_token_ids(generation_config) -> list[int]:
     return [] if eos is None else eos.flatten().tolist()
 
 
-_SUPPORTED_STOPPING = ("MaxLengthCriteria", "EosTokenCriteria", "MaxTimeCriteria")
+def row_logits_processor(processors, row: int):
+    """`processors` (built by generate for the whole batch) adapted to run on row `row` alone, with that row's
+    padded history as their input (`DSparkBatchEngine` verifies rows one by one): `repetition_penalty`'s per-row
+    padding lengths cut to the row's, `prefix_allowed_tokens_fn` called with the row's batch index. `None` when no
+    processor needs it (every row then shares `processors`)."""
+    adapted, changed = LogitsProcessorList(), False
+    for processor in processors or ():
+        if isinstance(processor, RepetitionPenaltyLogitsProcessor) and torch.is_tensor(processor.prompt_ignore_length):
+            processor = copy.copy(processor)
+            processor.prompt_ignore_length = processor.prompt_ignore_length[row: row + 1]
+            changed = True
+        elif isinstance(processor, PrefixConstrainedLogitsProcessor):
+            allowed = processor._prefix_allowed_tokens_fn
+            processor = copy.copy(processor)
+            processor._prefix_allowed_tokens_fn = lambda batch_id, sent, allowed=allowed: allowed(row, sent)
+            changed = True
+        adapted.append(processor)
+    return adapted if changed else None
+
+
+# generate's per-step outputs (one entry per step for the whole batch), which batched DSpark rows cannot give
+_PER_STEP_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 
 def _make_assisted_decoding(original):
@@ -157,28 +183,43 @@ def _make_assisted_decoding(original):
             return original(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                             streamer, inputs_tensor, assistant_model, *args, **model_kwargs)
         if input_ids.shape[0] == 1:
+            # transformers asks its stopping criteria once per round; stop strings and custom criteria are asked of
+            # every prefix the round committed instead, and the output cut at the first that stops
+            # (generation/stopping.py)
+            stopping = RoundStopping(stopping_criteria, streamer, input_ids.shape[1]) if token_criteria(
+                stopping_criteria) else None
             try:
-                return original(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
-                                streamer, inputs_tensor, assistant_model, *args, **model_kwargs)
+                output = original(self, input_ids, logits_processor, stopping or stopping_criteria, generation_config,
+                                  synced_gpus, streamer if stopping is None else stopping.streamer, inputs_tensor,
+                                  assistant_model, *args, **model_kwargs)
             finally:  # the candidate generator turns native GQA on for each verification forward (generation/gqa.py)
                 use_native_gqa(False)
+            return output if stopping is None else stopping.cut(output)
         from .generation.batched import generate_batch
 
-        unsupported = [type(c).__name__ for c in stopping_criteria if type(c).__name__ not in _SUPPORTED_STOPPING]
-        if unsupported or streamer is not None or generation_config.return_dict_in_generate:
+        asked = [f"{name}=True" for name in _PER_STEP_OUTPUTS if getattr(generation_config, name, False)]
+        asked = (["a streamer"] if streamer is not None else []) + (
+            asked if generation_config.return_dict_in_generate else [])
+        if asked:
             raise ValueError(
-                f"Batched DSpark generation supports max length and EOS stopping, no streamer and plain tensor "
-                f"output; got stopping={unsupported}, streamer={streamer is not None}, "
-                f"return_dict_in_generate={generation_config.return_dict_in_generate}. Use batch size 1 for these."
+                f"Batched DSpark generation returns sequences only (its rows advance by different numbers of tokens "
+                f"per round); this call asks for {', '.join(asked)}. Use batch size 1 for a streamer or per-step "
+                f"outputs."
             )
-        return generate_batch(
+        by_row = [row_logits_processor(logits_processor, row) for row in range(input_ids.shape[0])]
+        sequences = generate_batch(
             self, drafter, input_ids, model_kwargs.get("attention_mask"), generation_config.max_length,
             generation_config.do_sample, logits_processor, eos_token_ids(generation_config),
             generation_config._pad_token_tensor.item() if generation_config._pad_token_tensor is not None else None,
             policy=policy_for_call(changed_speculation_settings(generation_config)),
             prompt_lookup_num_tokens=generation_config.prompt_lookup_num_tokens,
             max_matching_ngram_size=generation_config.max_matching_ngram_size,
+            stopping_criteria=stopping_criteria,
+            logits_processor_by_row=by_row if any(p is not None for p in by_row) else None,
         )
+        if generation_config.return_dict_in_generate:
+            return GenerateDecoderOnlyOutput(sequences=sequences)
+        return sequences
 
     return _assisted_decoding
 
@@ -197,6 +238,12 @@ def _make_validate_generation_mode(original):
                     f"num_beams={generation_config.num_beams} cannot use a DSpark assistant: speculative decoding "
                     "verifies one sequence per prompt (greedy or sampling). Drop num_beams, or drop assistant_model "
                     "for beam search."
+                )
+            if generation_config.guidance_scale not in (None, 1):
+                raise ValueError(
+                    f"guidance_scale={generation_config.guidance_scale} cannot use a DSpark assistant: classifier-free "
+                    "guidance runs the model on the unconditional prompt once per token, with a cache of its own that "
+                    "a round verifying several tokens would corrupt. Drop guidance_scale, or drop assistant_model."
                 )
             policy_for_call(changed_speculation_settings(generation_config))  # refuses contradictory settings early
         return original(self, generation_mode, generation_config, generation_mode_kwargs)

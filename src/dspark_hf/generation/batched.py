@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
 from ..modeling_dspark import DSparkDrafter
 from ..packed_linear import is_packed, real_tokens_only
@@ -32,6 +32,7 @@ from .gqa import native_gqa, packed_gqa
 from .lookup import MIN_NGRAM, PromptLookup
 from .policies import PlannedWidthPolicy, VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
+from .stopping import first_stop, time_criteria, token_criteria
 from .verification_policy import RoundOutcome
 from ..scheduling import plan_verification_width
 
@@ -110,6 +111,11 @@ class DSparkRequest:
     arrival_time: float = 0.0
     finish_time: float | None = None
     lookup: PromptLookup | None = None  # this request's prompt lookup and its acceptance estimates
+    # what the logits processors and stopping criteria see before the prompt: in `generate`, the row's left padding,
+    # which transformers' own loop shows them (lengths such as `min_new_tokens` count it); its own processors, if
+    # not the engine's (a batch-aware processor adapted to this row)
+    history_prefix: list[int] = field(default_factory=list)
+    logits_processor: LogitsProcessorList | None = None
 
     @property
     def sequence(self) -> list[int]:
@@ -126,8 +132,14 @@ class DSparkBatchEngine:
             `verification_policy` (see `resolve_policy`). The engine runs its `for_engine()` form (a
             `HardwareAwarePolicy` plans one width for all rows, [`PlannedWidthPolicy`]).
         do_sample (`bool`): speculative sampling instead of greedy matching.
-        logits_processor ([`LogitsProcessorList`], *optional*): applied per row to target and draft logits alike.
+        logits_processor ([`LogitsProcessorList`], *optional*): applied per row to target and draft logits alike
+            (a request may bring its own, `add_request`).
         eos_token_id (`int` or `list[int]`, *optional*): ends a request.
+        stopping_criteria ([`StoppingCriteriaList`], *optional*): end a request at the first of its tokens after
+            which they stop; asked of every prefix a round commits, one row at a time, shortest first (so a stop
+            string completed inside a round ends the request there, as in plain decoding). The length limit and EOS
+            are the engine's own (`max_new_tokens`, `eos_token_id`); criteria that read the clock are left out
+            (`MaxTimeCriteria`: `generate` asks them once per round).
         pad_token_id (`int`): filler for padding slots (never attended).
         steps_per_second_by_rows (`Mapping[int, Mapping[int, float]]`, *optional*): a profile's per-batch-size
             tables (`by_batch_size` of `dspark-hf profile`) for the hardware-aware policy; without it the policy's
@@ -173,6 +185,7 @@ class DSparkBatchEngine:
         do_sample: bool = False,
         logits_processor: LogitsProcessorList | None = None,
         eos_token_id: int | list[int] | None = None,
+        stopping_criteria: StoppingCriteriaList | None = None,
         pad_token_id: int = 0,
         steps_per_second_by_rows: Mapping[int, Mapping[int, float]] | None = None,
         prompt_lookup_num_tokens: int | None = None,
@@ -194,6 +207,8 @@ class DSparkBatchEngine:
         self._packed_target = is_packed(target)
         self.do_sample = do_sample
         self.logits_processor = logits_processor or LogitsProcessorList()
+        self._processing = bool(self.logits_processor)  # any row's logits go through processors
+        self.stopping_criteria = token_criteria(stopping_criteria)
         eos = [] if eos_token_id is None else [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
         self.eos_token_ids = set(int(e) for e in eos)
         self.pad_token_id = pad_token_id
@@ -219,8 +234,12 @@ class DSparkBatchEngine:
 
     # --- public API ---------------------------------------------------------------------------------------------
 
-    def add_request(self, prompt_ids, max_new_tokens: int) -> DSparkRequest:
-        """Queues a prompt (a list or 1-D tensor of ids, no padding); it joins at the next `step`."""
+    def add_request(self, prompt_ids, max_new_tokens: int, *, logits_processor: LogitsProcessorList | None = None,
+                    history_prefix=()) -> DSparkRequest:
+        """Queues a prompt (a list or 1-D tensor of ids, no padding); it joins at the next `step`.
+
+        `logits_processor` replaces the engine's for this request; `history_prefix` (ids) is what its logits
+        processors and stopping criteria see before the prompt (`generate` passes a padded row's padding)."""
         prompt = [int(t) for t in (prompt_ids.tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
         if not prompt:
             raise ValueError("Empty prompt: every request needs at least one token.")
@@ -231,7 +250,9 @@ class DSparkBatchEngine:
         if self.prompt_lookup_num_tokens:
             lookup = PromptLookup(self.prompt_lookup_num_tokens, self.max_matching_ngram_size, sorted(self.eos_token_ids))
         request = DSparkRequest(self._next_id, prompt, max_new_tokens, stats=DSparkGenerationStats(block),
-                                arrival_time=self.clock(), lookup=lookup)
+                                arrival_time=self.clock(), lookup=lookup, logits_processor=logits_processor,
+                                history_prefix=[int(t) for t in history_prefix])
+        self._processing = self._processing or bool(logits_processor)
         self._next_id += 1
         self.waiting.append(request)
         return request
@@ -326,7 +347,8 @@ class DSparkBatchEngine:
         if self.drafter is not None:
             draft_cache = cache_ops.slot_cache(self.drafter.config)
             self._ingest(draft_cache, features, positions)
-        first = torch.stack([self._pick(r.prompt_ids, logits[i, -1]) for i, r in enumerate(new)])
+        first = torch.stack([pick_tokens(self._process([r], [r.prompt_ids], logits[i, -1][None]), self.do_sample)[0]
+                             for i, r in enumerate(new)])
         next_position = positions[:, -1] + 1
         self._sync_context()
         free = [row for row, request in enumerate(self.active) if request.finished][: len(new)]
@@ -536,15 +558,17 @@ class DSparkBatchEngine:
 
     def _draft_processor(self):
         """The logits processors for drafts, each row's committed tokens first (`None` without processors)."""
-        if not self.logits_processor:
+        if not self._processing:
             return None
-        sequences = [r.sequence for r in self.active]
-        return lambda drafts, logits: self._process([s + d for s, d in zip(sequences, drafts.tolist())], logits)
+        requests = list(self.active)
+        sequences = [r.sequence for r in requests]
+        return lambda drafts, logits: self._process(requests, [s + d for s, d in zip(sequences, drafts.tolist())],
+                                                    logits)
 
     def _greedy_choices(self, logits: torch.Tensor) -> list[list[int]] | None:
         """Every row's greedy choice at each slot from one argmax over the batch when decoding greedily without logits
         processors (a verification call per row cost ~0.2 ms a row); `None` otherwise."""
-        return None if self.do_sample or self.logits_processor else logits.argmax(dim=-1).tolist()
+        return None if self.do_sample or self._processing else logits.argmax(dim=-1).tolist()
 
     def _verify_row(self, request, row, length, verify_ids, logits, draft, choices=None) -> tuple[list[int], int]:
         """Greedy matching or speculative sampling (`drafting.verify`) for one row; returns (committed tokens, accepted
@@ -555,7 +579,7 @@ class DSparkBatchEngine:
             num_accepted, token = greedy_prefix(drafts, choices)
             return drafts[:num_accepted] + [token], num_accepted
         sequence = request.sequence
-        target_logits = torch.cat([self._process([sequence + drafts[:k]], logits[row, k][None])
+        target_logits = torch.cat([self._process([request], [sequence + drafts[:k]], logits[row, k][None])
                                    for k in range(length + 1)])
         draft_probs = None
         if length and draft is not None:
@@ -596,9 +620,13 @@ class DSparkBatchEngine:
                 if token in self.eos_token_ids:
                     tokens = tokens[: i + 1]
                     break
+            stop = self._first_stop(request, tokens)
+            if stop is not None:
+                tokens = tokens[:stop]
             request.output_ids += tokens
             self.anchor[row] = tokens[-1]
-            if len(request.output_ids) >= request.max_new_tokens or tokens[-1] in self.eos_token_ids:
+            if (len(request.output_ids) >= request.max_new_tokens or tokens[-1] in self.eos_token_ids
+                    or stop is not None):
                 request.finished, request.finish_time = True, self.clock()
                 done.append(request)
         self.finished += done  # their rows are freed at the next step (taken over by new requests, or removed)
@@ -623,15 +651,26 @@ class DSparkBatchEngine:
 
     # --- token choice -------------------------------------------------------------------------------------------
 
-    def _process(self, sequences: list[list[int]], logits: torch.Tensor) -> torch.Tensor:
-        """Applies the logits processors row by row (each row has its own history)."""
-        if not self.logits_processor:
+    def _process(self, requests: list[DSparkRequest], sequences: list[list[int]], logits: torch.Tensor) -> torch.Tensor:
+        """Applies each row's logits processors (its request's, else the engine's) to its logits, with its history
+        (`sequences[i]` after the request's `history_prefix`) as their input."""
+        if not self._processing:
             return logits
-        return torch.cat([self.logits_processor(torch.tensor([seq], device=logits.device), logits[i:i + 1])
-                          for i, seq in enumerate(sequences)])
+        rows = []
+        for i, (request, sequence) in enumerate(zip(requests, sequences)):
+            processors = self.logits_processor if request.logits_processor is None else request.logits_processor
+            history = torch.tensor([request.history_prefix + sequence], device=logits.device)
+            rows.append(processors(history, logits[i:i + 1]) if processors else logits[i:i + 1])
+        return torch.cat(rows)
 
-    def _pick(self, history: list[int], logits: torch.Tensor) -> torch.Tensor:
-        return pick_tokens(self._process([history], logits[None]), self.do_sample)[0]
+    def _first_stop(self, request: DSparkRequest, tokens: list[int]) -> int | None:
+        """How many of `tokens` (about to be committed) stand when the stopping criteria end the request after one of
+        them, else `None`."""
+        if not self.stopping_criteria:
+            return None
+        history = torch.tensor([request.history_prefix + request.sequence + tokens], device=self.device)
+        stop = first_stop(self.stopping_criteria, history, history.shape[1] - len(tokens))
+        return None if stop is None else stop - (history.shape[1] - len(tokens))
 
 
 def generate_batch(
@@ -647,8 +686,15 @@ def generate_batch(
     policy: str | VerificationPolicy | None = None,
     prompt_lookup_num_tokens: int | None = None,
     max_matching_ngram_size: int | None = None,
+    stopping_criteria: StoppingCriteriaList | None = None,
+    logits_processor_by_row: list[LogitsProcessorList] | None = None,
 ) -> torch.LongTensor:
-    """`generate` semantics for a left-padded batch: returns `(batch, prompt + new)` ids, finished rows padded."""
+    """`generate` semantics for a left-padded batch: returns `(batch, prompt + new)` ids, finished rows padded.
+
+    Each row's logits processors and stopping criteria see the row as transformers' own loop shows it, left padding
+    included (`logits_processor_by_row[i]`, when given, replaces `logits_processor` for row i: a batch-aware
+    processor adapted to one row). Stop strings and other token criteria end a row at the token after which they
+    stop; `MaxTimeCriteria` ends every row after the round in which time ran out."""
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     mask = attention_mask.bool()
@@ -666,12 +712,18 @@ def generate_batch(
     if pad_token_id is None:
         raise ValueError("Batched generation needs a pad token: pass pad_token_id=... (e.g. tokenizer.pad_token_id).")
     engine = DSparkBatchEngine(target, drafter, policy=policy, do_sample=do_sample, logits_processor=logits_processor,
-                               eos_token_id=eos_token_id, pad_token_id=pad_token_id,
-                               prompt_lookup_num_tokens=prompt_lookup_num_tokens or None,
+                               eos_token_id=eos_token_id, stopping_criteria=stopping_criteria,
+                               pad_token_id=pad_token_id, prompt_lookup_num_tokens=prompt_lookup_num_tokens or None,
                                max_matching_ngram_size=max_matching_ngram_size or 3)
     max_new_tokens = max_length - input_ids.shape[1]
-    requests = [engine.add_request(row[m], max_new_tokens) for row, m in zip(input_ids, mask)]
-    engine.run()
+    by_row = logits_processor_by_row or [None] * input_ids.shape[0]
+    requests = [engine.add_request(row[m], max_new_tokens, logits_processor=processors, history_prefix=row[~m])
+                for row, m, processors in zip(input_ids, mask, by_row)]
+    clocks = time_criteria(stopping_criteria)
+    while engine.waiting or engine.active:
+        engine.step()
+        if clocks and bool(clocks(input_ids, None).any()):
+            break
     width = max(len(r.output_ids) for r in requests)
     out = torch.full((input_ids.shape[0], width), pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
     for row, request in enumerate(requests):

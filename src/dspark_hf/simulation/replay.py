@@ -215,7 +215,7 @@ class SimulatedBatchEngine(DSparkBatchEngine):
         if policy is not None:
             self.drafter = SimpleNamespace(config=SimpleNamespace(block_size=block_size))  # what scheduling reads
             self._use_policy(get_policy(policy), steps_per_second_by_rows)
-        self.do_sample, self.logits_processor = False, []
+        self.do_sample, self.logits_processor, self._processing, self.stopping_criteria = False, [], False, []
         self.eos_token_ids, self.pad_token_id = set(int(e) for e in eos_token_ids), 0
         self.device = torch.device("cpu")
         self.waiting, self.active, self.finished = [], [], []
