@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from dspark_hf.benchmarks.prompts import load_prompts, render_conversation
+from dspark_hf.benchmarks.prompts import first_turn_ids
 from dspark_hf.generation import gqa
 from dspark_hf.generation.batched import DSparkBatchEngine
 from dspark_hf.modeling_dspark import DSparkDrafter
@@ -42,8 +42,7 @@ def main() -> None:
     target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype("auto"))
     drafter = DSparkDrafter.from_pretrained(EMBEDDED_DRAFTERS[DEFAULT_TARGET], target=target,
                                             dtype=drafter_dtype("auto")).eval()
-    texts = [render_conversation(tokenizer, p.turns[:1], []) for p in load_prompts(PROMPTS)]
-    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts][:32]
+    prompts = first_turn_ids(tokenizer, PROMPTS)[:32]
     engines = {}
     for native in (True, False):
         switch(native)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from dspark_hf.benchmarks.bench import machine_info, version_info
-from dspark_hf.benchmarks.prompts import load_prompts, render_conversation
+from dspark_hf.benchmarks.prompts import first_turn_ids
 from dspark_hf.generation.batched import DSparkBatchEngine
 from dspark_hf.modeling_dspark import DSparkDrafter
 from dspark_hf.models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, drafter_dtype, load_target, target_dtype
@@ -83,8 +83,7 @@ def main(argv=None) -> int:
     target, tokenizer = load_target(DEFAULT_TARGET, dtype=target_dtype(args.target_dtype))
     drafter = DSparkDrafter.from_pretrained(EMBEDDED_DRAFTERS[DEFAULT_TARGET], target=target,
                                             dtype=drafter_dtype("auto")).eval()
-    texts = [render_conversation(tokenizer, p.turns[:1], []) for p in load_prompts([args.prompts])]
-    prompts = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    prompts = first_turn_ids(tokenizer, [args.prompts])
     if len(prompts) < max(args.rows):
         parser.error(f"--rows {max(args.rows)} needs as many prompts; {args.prompts} has {len(prompts)}")
     with torch.no_grad():
