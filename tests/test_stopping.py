@@ -7,6 +7,7 @@ commit whole blocks (a drafter that predicts the target perfectly), so a stop in
 
 from __future__ import annotations
 
+import random
 import string
 
 import pytest
@@ -15,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, StoppingCriteria, StoppingCriteriaList
 from transformers.generation import BaseStreamer
 
-from conftest import left_pad, make_drafter, make_target
+from conftest import imitate_transitions, left_pad, make_drafter, make_target
 from test_perfect_drafter import VOCAB, lookup_table_target, perfect_drafter
 
 
@@ -169,3 +170,44 @@ def test_batched_logits_processors_see_each_row_as_generate_does(name):
     expected = target.generate(input_ids, **kwargs)
     out = target.generate(input_ids, assistant_model=drafter, **kwargs)
     assert out.tolist() == expected.tolist()
+
+
+class LastTokenIs(StoppingCriteria):
+    def __init__(self, token: int):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_settings_give_the_targets_own_output(seed):
+    """Random combinations of processors, stopping, EOS, prompt lookup and fixed lengths, at batch 1 to 3 (left
+    padded), with a drafter that drafts the target's own transitions after some tokens."""
+    rng = random.Random(seed)
+    target = make_target(seed=seed)
+    drafter = make_drafter(target, seed=seed + 1, markov_rank=97)
+    start = torch.tensor([[rng.randrange(3, 97) for _ in range(4)]])
+    greedy = target.generate(start, attention_mask=torch.ones_like(start), max_new_tokens=30, min_new_tokens=30,
+                             do_sample=False, pad_token_id=0)[0].tolist()
+    imitate_transitions(drafter, dict(zip(greedy, greedy[1:])))
+    prompts = [[rng.randrange(3, 97) for _ in range(rng.randrange(1, 7))] for _ in range(rng.choice([1, 2, 3]))]
+    prompts[0] = greedy[:4] if rng.random() < 0.5 else prompts[0]
+    input_ids, mask = left_pad(prompts)
+    settings = dict(attention_mask=mask, do_sample=False, max_new_tokens=rng.randrange(4, 24), pad_token_id=0,
+                    eos_token_id=greedy[rng.randrange(4, 12)] if rng.random() < 0.4 else 2)
+    optional = {
+        "repetition_penalty": rng.choice([1.2, 1.5]), "min_new_tokens": rng.randrange(1, 10),
+        "no_repeat_ngram_size": rng.choice([2, 3]), "begin_suppress_tokens": [greedy[4]],
+        "bad_words_ids": [[greedy[6]]],
+        "stopping_criteria": StoppingCriteriaList([LastTokenIs(greedy[rng.randrange(4, 20)])]),
+    }
+    settings.update({name: value for name, value in optional.items() if rng.random() < 0.35})
+    speculation = {}
+    if rng.random() < 0.4:
+        speculation["prompt_lookup_num_tokens"] = rng.choice([2, 5])
+    if rng.random() < 0.3:
+        speculation["num_assistant_tokens"] = rng.choice([1, 2, 3])
+    expected = target.generate(input_ids, **settings)
+    out = target.generate(input_ids, assistant_model=drafter, **settings, **speculation)
+    assert out.tolist() == expected.tolist(), (sorted(settings), speculation)
