@@ -211,3 +211,23 @@ def test_random_settings_give_the_targets_own_output(seed):
     expected = target.generate(input_ids, **settings)
     out = target.generate(input_ids, assistant_model=drafter, **settings, **speculation)
     assert out.tolist() == expected.tolist(), (sorted(settings), speculation)
+
+
+def test_engine_requests_bring_their_own_stop_strings(pair):
+    from transformers import StopStringCriteria
+
+    from dspark_hf.generation.batched import DSparkBatchEngine
+
+    target, drafter = pair
+    tokenizer = letter_tokenizer()
+    engine = DSparkBatchEngine(target, drafter, policy="full", pad_token_id=0)
+    stops = {"abc": "ghi", "mn": "q", "wxyz ": None}  # the last runs to its budget
+    requests = {prompt: engine.add_request(ids(prompt), 20, stopping_criteria=None if stop is None else
+                                           StoppingCriteriaList([StopStringCriteria(tokenizer, [stop])]))
+                for prompt, stop in stops.items()}
+    engine.run()
+    for prompt, stop in stops.items():
+        text = tokenizer.decode(requests[prompt].output_ids)
+        expected = "".join(LETTERS[(LETTERS.index(prompt[-1]) + k) % VOCAB] for k in range(1, 21))
+        expected = expected[: expected.index(stop) + len(stop)] if stop else expected[:20]
+        assert text == expected

@@ -112,10 +112,11 @@ class DSparkRequest:
     finish_time: float | None = None
     lookup: PromptLookup | None = None  # this request's prompt lookup and its acceptance estimates
     # what the logits processors and stopping criteria see before the prompt: in `generate`, the row's left padding,
-    # which transformers' own loop shows them (lengths such as `min_new_tokens` count it); its own processors, if
-    # not the engine's (a batch-aware processor adapted to this row)
+    # which transformers' own loop shows them (lengths such as `min_new_tokens` count it); its own processors and
+    # stopping criteria, if not the engine's (a batch-aware processor adapted to this row, a request's stop strings)
     history_prefix: list[int] = field(default_factory=list)
     logits_processor: LogitsProcessorList | None = None
+    stopping_criteria: StoppingCriteriaList | None = None
 
     @property
     def sequence(self) -> list[int]:
@@ -235,11 +236,12 @@ class DSparkBatchEngine:
     # --- public API ---------------------------------------------------------------------------------------------
 
     def add_request(self, prompt_ids, max_new_tokens: int, *, logits_processor: LogitsProcessorList | None = None,
-                    history_prefix=()) -> DSparkRequest:
+                    stopping_criteria: StoppingCriteriaList | None = None, history_prefix=()) -> DSparkRequest:
         """Queues a prompt (a list or 1-D tensor of ids, no padding); it joins at the next `step`.
 
-        `logits_processor` replaces the engine's for this request; `history_prefix` (ids) is what its logits
-        processors and stopping criteria see before the prompt (`generate` passes a padded row's padding)."""
+        `logits_processor` and `stopping_criteria` replace the engine's for this request (say, its own stop strings:
+        `StoppingCriteriaList([StopStringCriteria(tokenizer, ["\\n\\n"])])`); `history_prefix` (ids) is what they see
+        before the prompt (`generate` passes a padded row's padding)."""
         prompt = [int(t) for t in (prompt_ids.tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
         if not prompt:
             raise ValueError("Empty prompt: every request needs at least one token.")
@@ -249,9 +251,11 @@ class DSparkBatchEngine:
         lookup = None
         if self.prompt_lookup_num_tokens:
             lookup = PromptLookup(self.prompt_lookup_num_tokens, self.max_matching_ngram_size, sorted(self.eos_token_ids))
+        if stopping_criteria is not None:
+            stopping_criteria = token_criteria(stopping_criteria)
         request = DSparkRequest(self._next_id, prompt, max_new_tokens, stats=DSparkGenerationStats(block),
                                 arrival_time=self.clock(), lookup=lookup, logits_processor=logits_processor,
-                                history_prefix=[int(t) for t in history_prefix])
+                                stopping_criteria=stopping_criteria, history_prefix=[int(t) for t in history_prefix])
         self._processing = self._processing or bool(logits_processor)
         self._next_id += 1
         self.waiting.append(request)
@@ -666,10 +670,11 @@ class DSparkBatchEngine:
     def _first_stop(self, request: DSparkRequest, tokens: list[int]) -> int | None:
         """How many of `tokens` (about to be committed) stand when the stopping criteria end the request after one of
         them, else `None`."""
-        if not self.stopping_criteria:
+        criteria = self.stopping_criteria if request.stopping_criteria is None else request.stopping_criteria
+        if not criteria:
             return None
         history = torch.tensor([request.history_prefix + request.sequence + tokens], device=self.device)
-        stop = first_stop(self.stopping_criteria, history, history.shape[1] - len(tokens))
+        stop = first_stop(criteria, history, history.shape[1] - len(tokens))
         return None if stop is None else stop - (history.shape[1] - len(tokens))
 
 
