@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import make_drafter
+from conftest import make_drafter, make_target
 from dspark_hf import ThresholdPolicy
 from dspark_hf.generation import batched
 
@@ -69,6 +69,23 @@ def test_batched_generation_honours_the_settings(target, drafter, monkeypatch):
 def test_settings_a_dspark_assistant_cannot_honour_are_refused(target, drafter, kwargs, message):
     with pytest.raises(ValueError, match=message):
         target.generate(PROMPT, assistant_model=drafter, max_new_tokens=4, **kwargs)
+
+
+@pytest.mark.parametrize("output", ["output_hidden_states", "output_attentions"])
+def test_per_step_hidden_states_and_attentions_are_the_targets(drafter, output):
+    target = make_target(attn_implementation="eager")  # sdpa returns no attention weights
+    settings = dict(attention_mask=torch.ones_like(PROMPT), max_new_tokens=8, do_sample=False, pad_token_id=0,
+                    return_dict_in_generate=True, **{output: True})
+    expected = target.generate(PROMPT, **settings)
+    out = target.generate(PROMPT, assistant_model=make_drafter(target), **settings)
+    assert torch.equal(out.sequences, expected.sequences)
+    name = output.removeprefix("output_")
+    steps, expected_steps = getattr(out, name), getattr(expected, name)
+    assert len(steps) == len(expected_steps) == 8
+    for step, expected_step in zip(steps, expected_steps):  # per token, per layer
+        assert [tuple(t.shape) for t in step] == [tuple(t.shape) for t in expected_step]
+        for tensor, expected_tensor in zip(step, expected_step):
+            torch.testing.assert_close(tensor, expected_tensor, atol=1e-5, rtol=1e-4)
 
 
 def test_empty_prompts_are_refused(target, drafter):

@@ -78,8 +78,10 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 f"The {self.policy.name!r} verification policy needs confidences, but this drafter has no confidence "
                 "head (enable_confidence_head=false). Use the 'full' policy."
             )
-        # Ask the target for exactly the hidden states the drafter reads (index i + 1 is the output of layer i).
-        self.model_kwargs_overrides = {"output_hidden_states": self.config.hidden_state_indices}
+        # Ask the target for exactly the hidden states the drafter reads (index i + 1 is the output of layer i), or for
+        # all of them when the call returns them (`output_hidden_states=True`: generate's output holds every layer's).
+        wanted = True if generation_config.output_hidden_states else self.config.hidden_state_indices
+        self.model_kwargs_overrides = {"output_hidden_states": wanted}
         self.max_length = generation_config.max_length
         self.do_sample = generation_config.do_sample
         # transformers reads the drafts' logits in speculative sampling and, in greedy decoding, only to mix them in
