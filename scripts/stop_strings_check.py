@@ -1,4 +1,4 @@
-"""Where generation stops with stop strings: target-only, DSpark and transformers' prompt lookup, on the embedded default.
+"""Where generation stops with stop strings: target-only, DSpark and transformers' prompt lookup, embedded default.
 
 A speculative round commits several tokens at once. transformers' assisted loop asks its stopping criteria once per
 round, so a stop string completed inside a round is missed and generation runs on; dspark-hf asks every prefix the

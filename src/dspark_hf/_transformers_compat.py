@@ -27,9 +27,9 @@ import copy
 import functools
 import inspect
 
+import torch
 import transformers
 from packaging import version
-import torch
 from transformers.generation import GenerateDecoderOnlyOutput
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerationMixin
@@ -83,6 +83,11 @@ def check_contract() -> list[str]:
         problems.append("GenerationConfig._get_default_generation_params() no longer lists the assistant settings")
     if not hasattr(CandidateGenerator, "requires_model_outputs"):
         problems.append("CandidateGenerator.requires_model_outputs is gone")
+    constrained = PrefixConstrainedLogitsProcessor(lambda batch_id, sent: [0], 1)
+    if not callable(getattr(constrained, "_prefix_allowed_tokens_fn", None)):
+        problems.append("PrefixConstrainedLogitsProcessor._prefix_allowed_tokens_fn is gone (batched rows adapt it)")
+    if not hasattr(RepetitionPenaltyLogitsProcessor(1.5), "prompt_ignore_length"):
+        problems.append("RepetitionPenaltyLogitsProcessor.prompt_ignore_length is gone (batched rows adapt it)")
     try:
         from transformers.utils.output_capturing import selected_hidden_states  # noqa: F401
     except ImportError:
