@@ -273,6 +273,11 @@ class DSparkConfig(DSparkKeys, Qwen3Config):
         )
         if getattr(text_config, "head_dim", None) is None:
             values["head_dim"] = text_config.hidden_size // text_config.num_attention_heads
+        # every draft layer is full attention: a target whose RoPE is given per layer type (Gemma3) lends its
+        # full-attention parameters
+        rope = getattr(text_config, "rope_parameters", None)
+        if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+            values["rope_parameters"] = copy.deepcopy(rope["full_attention"])
         return values
 
     @classmethod

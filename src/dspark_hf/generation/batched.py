@@ -204,6 +204,7 @@ class DSparkBatchEngine:
             self._use_policy(resolve_policy(drafter, target, policy), steps_per_second_by_rows)
             if self.policy.requires_confidence and drafter.confidence_head is None:
                 raise ValueError(f"The {self.policy.name!r} policy needs a drafter with a confidence head.")
+        cache_ops.check_slot_layers(target.config)
         self.target, self.drafter = target, drafter
         self._packed_target = is_packed(target)
         self.do_sample = do_sample

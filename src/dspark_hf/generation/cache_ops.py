@@ -47,6 +47,20 @@ class AppendingLayer(DynamicLayer):
         return buffer[..., :end, :]
 
 
+def check_slot_layers(config) -> None:
+    """Refuses a model whose cache layers the slot axis cannot carry: only full attention is kept on it. A
+    sliding-window layer (Gemma2/3, Mistral v0.1, Phi-3 4k) counts its window in slots, and holes would shift it off
+    the positions it must cover (and its bookkeeping off the slot operations here)."""
+    layers = DynamicCache(config=config).layers
+    other = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+    if other:
+        raise ValueError(
+            f"{type(config).__name__} has cache layers other than full attention ({', '.join(other)}: a sliding "
+            "window?), which DSpark's batched engine cannot keep on its shared slot axis. Generate one prompt at a "
+            "time (batch size 1 runs in transformers' own loop, exact for these layers)."
+        )
+
+
 def slot_cache(config) -> DynamicCache:
     """A `DynamicCache` for `config` whose full-attention layers append in place ([`AppendingLayer`])."""
     cache = DynamicCache(config=config)
