@@ -52,8 +52,10 @@ def engine_forward(target: PreTrainedModel, input_ids, attention_mask, position_
     masked), with grouped-query attention native or packed for multi-token forwards (`gqa`). `dspark-hf profile` times
     batches of rows through this too, so that the costs the hardware-aware policy plans with are the engine's."""
     width = input_ids.shape[1]
+    if torch.is_tensor(attention_mask) and attention_mask.dim() == 2:
+        attention_mask = attention_mask.long()  # else 4-D masks as they are (`cache_ops.slot_masks`)
     with native_gqa(target.device, width), packed_gqa(target, width):
-        return target(input_ids=input_ids, attention_mask=attention_mask.long(), position_ids=position_ids,
+        return target(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                       cache=cache, use_cache=True, **kwargs)
 
 
@@ -204,7 +206,9 @@ class DSparkBatchEngine:
             self._use_policy(resolve_policy(drafter, target, policy), steps_per_second_by_rows)
             if self.policy.requires_confidence and drafter.confidence_head is None:
                 raise ValueError(f"The {self.policy.name!r} policy needs a drafter with a confidence head.")
-        cache_ops.check_slot_layers(target.config)
+        # sliding-window layers (Gemma2/3, OLMo3, Mistral v0.1) get masks that count their window in positions
+        self._window = cache_ops.slot_window(target.config)
+        self._layer_types = set(getattr(target.config.get_text_config(), "layer_types", None) or ())
         self.target, self.drafter = target, drafter
         self._packed_target = is_packed(target)
         self.do_sample = do_sample
@@ -307,6 +311,9 @@ class DSparkBatchEngine:
         kwargs = {"output_hidden_states": indices} if indices else {}
         # padding (left-padded prompts, rows verifying fewer drafts than the widest) skips the packed linear layers
         real = attention_mask[:, -input_ids.shape[1]:] if self._packed_target else None
+        if self._window is not None:
+            attention_mask = cache_ops.slot_masks(attention_mask.bool(), input_ids.shape[1], self._window,
+                                                  self._layer_types, self.target.dtype)
         with real_tokens_only(real):
             out = engine_forward(self.target, input_ids, attention_mask, position_ids, cache,
                                  logits_to_keep=logits_to_keep, **kwargs)

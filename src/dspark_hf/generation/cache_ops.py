@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 
 class AppendingLayer(DynamicLayer):
@@ -47,24 +47,62 @@ class AppendingLayer(DynamicLayer):
         return buffer[..., :end, :]
 
 
-def check_slot_layers(config) -> None:
-    """Refuses a model whose cache layers the slot axis cannot carry: only full attention is kept on it. A
-    sliding-window layer (Gemma2/3, Mistral v0.1, Phi-3 4k) counts its window in slots, and holes would shift it off
-    the positions it must cover (and its bookkeeping off the slot operations here)."""
+def slot_window(config) -> int | None:
+    """The sliding window of `config`'s sliding-window attention layers (`None` when every layer is full attention);
+    refuses cache layers the slot axis cannot carry (chunked, linear or recurrent attention).
+
+    The slot axis keeps every layer's K/V in full ([`slot_cache`]); a sliding-window layer then needs a mask whose
+    window is counted in positions, not slots (rejected drafts leave holes between positions): [`slot_masks`]."""
     layers = DynamicCache(config=config).layers
-    other = sorted({type(layer).__name__ for layer in layers if type(layer) is not DynamicLayer})
+    other = sorted({type(layer).__name__ for layer in layers
+                    if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer)})
     if other:
         raise ValueError(
-            f"{type(config).__name__} has cache layers other than full attention ({', '.join(other)}: a sliding "
-            "window?), which DSpark's batched engine cannot keep on its shared slot axis. Generate one prompt at a "
-            "time (batch size 1 runs in transformers' own loop, exact for these layers)."
+            f"{type(config).__name__} has cache layers other than full and sliding-window attention "
+            f"({', '.join(other)}), which DSpark's batched engine cannot keep on its shared slot axis. Generate one "
+            "prompt at a time (batch size 1 runs in transformers' own loop)."
         )
+    if not any(type(layer) is DynamicSlidingWindowLayer for layer in layers):
+        return None
+    return int(config.get_text_config().sliding_window)
+
+
+def slot_masks(real: torch.Tensor, num_queries: int, window: int, layer_types, dtype: torch.dtype):
+    """4-D additive masks for a forward over the slot axis of a model with sliding-window layers.
+
+    `real` `(rows, slots)` marks the slots that hold tokens (committed ones, then this forward's last `num_queries`
+    slots); a real slot's position is the number of real slots before it in its row. A query attends to real slots up
+    to its own (causal by slot) and, in sliding-window layers, only to those fewer than `window` positions back, as
+    one-token decoding would. A query always sees itself (padding queries would otherwise see nothing). Returns
+    ``{layer type: mask}`` for models with `layer_types`, else the sliding mask alone."""
+    slots = real.shape[1]
+    positions = real.long().cumsum(dim=-1) - 1
+    key_index = torch.arange(slots, device=real.device)
+    query_index = key_index[slots - num_queries:]
+    causal = key_index[None, :] <= query_index[:, None]
+    itself = key_index[None, :] == query_index[:, None]
+    allowed = real[:, None, :] & causal[None]
+    near = positions[:, slots - num_queries:, None] - positions[:, None, :] < window
+
+    def additive(mask):
+        blocked = torch.full(mask.shape, torch.finfo(dtype).min, dtype=dtype, device=mask.device)
+        return blocked.masked_fill(mask, 0.0)[:, None]
+
+    sliding = additive((allowed & near) | itself[None])
+    if not layer_types:
+        return sliding
+    masks = {"sliding_attention": sliding}
+    if "full_attention" in layer_types:
+        masks["full_attention"] = additive(allowed | itself[None])
+    return masks
 
 
 def slot_cache(config) -> DynamicCache:
-    """A `DynamicCache` for `config` whose full-attention layers append in place ([`AppendingLayer`])."""
+    """A `DynamicCache` for `config` whose layers append in place ([`AppendingLayer`]), sliding-window ones too (they
+    keep every slot; their masks apply the window, [`slot_masks`])."""
     cache = DynamicCache(config=config)
-    cache.layers = [AppendingLayer() if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    kinds = (DynamicLayer, DynamicSlidingWindowLayer)
+    cache.layers = [AppendingLayer() if type(layer) in kinds else layer for layer in cache.layers]
     return cache
 
 
