@@ -8,7 +8,9 @@ layout). Run the drafter's target with it:
 Each round the drafter proposes up to ``block_size`` tokens in one forward pass (anchor + mask tokens attending to the
 target's hidden states), left to right through its Markov head; the target verifies them in one forward pass. The
 output follows the target's distribution exactly: greedy decoding returns the same tokens as ``target.generate``,
-sampling uses speculative rejection sampling. Batch size 1; greedy or sampling with temperature / top-k / top-p.
+sampling uses speculative rejection sampling. Batch size 1; greedy or sampling with temperature / top-k / top-p;
+stop strings (``stop_strings=..., tokenizer=...``) and ``stopping_criteria`` end the output where ``target.generate``
+alone would, inside a round too.
 
 Extra arguments: ``dspark_drafter`` (a local folder or Hub id to use instead of this repository's drafter) and
 ``dspark_confidence_threshold`` (stop a block at the first draft whose confidence is below it; 0 drafts full blocks).
@@ -26,6 +28,8 @@ from transformers import (
     AutoConfig,
     DynamicCache,
     LogitsProcessorList,
+    StoppingCriteriaList,
+    StopStringCriteria,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
@@ -43,15 +47,15 @@ from dspark_hf.generation.drafting import block_inputs, pick_tokens, sample_draf
 DRAFTER = "__DSPARK_DRAFTER__"
 
 # generate() arguments this recipe cannot honour; each must be left unset.
-_UNSUPPORTED_ARGUMENTS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "assistant_model",
-                          "streamer", "negative_prompt_ids", "negative_prompt_attention_mask")  # fmt: skip
+_UNSUPPORTED_ARGUMENTS = ("logits_processor", "prefix_allowed_tokens_fn", "assistant_model", "streamer",
+                          "negative_prompt_ids", "negative_prompt_attention_mask")  # fmt: skip
 # Generation options whose non-neutral values would change the output distribution; the neutral values are listed.
 _NEUTRAL_OPTIONS = {"num_beams": (1, None), "num_return_sequences": (1, None), "repetition_penalty": (1.0, None),
                     "no_repeat_ngram_size": (0, None), "bad_words_ids": (None,), "min_new_tokens": (0, None),
                     "min_length": (0, None), "typical_p": (1.0, None), "min_p": (0.0, None),
                     "epsilon_cutoff": (0.0, None), "eta_cutoff": (0.0, None), "suppress_tokens": (None,),
                     "begin_suppress_tokens": (None,), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
-                    "sequence_bias": (None,), "exponential_decay_length_penalty": (None,), "stop_strings": (None,),
+                    "sequence_bias": (None,), "exponential_decay_length_penalty": (None,),
                     "guidance_scale": (None, 1.0), "watermarking_config": (None,), "renormalize_logits": (False, None),
                     "return_dict_in_generate": (False, None), "output_scores": (False, None),
                     "output_logits": (False, None)}  # fmt: skip
@@ -80,9 +84,15 @@ def generate(model, inputs=None, input_ids=None, attention_mask=None, generation
         raise ValueError("Both `inputs` and `input_ids` were passed; pass the prompt once.")
     input_ids = inputs if inputs is not None else input_ids
     _check_prompt(input_ids, attention_mask)
+    tokenizer = kwargs.pop("tokenizer", None)
+    criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
     config = _generation_config(model, generation_config, kwargs)
+    if config.stop_strings:
+        if tokenizer is None:
+            raise ValueError("stop_strings needs the tokenizer: pass tokenizer=... to generate as well.")
+        criteria.append(StopStringCriteria(tokenizer, config.stop_strings))
     drafter = load_drafter(dspark_drafter or DRAFTER, model)
-    return speculative_generate(model, drafter, input_ids, config, dspark_confidence_threshold)
+    return speculative_generate(model, drafter, input_ids, config, dspark_confidence_threshold, criteria)
 
 
 def _check_prompt(input_ids, attention_mask) -> None:
@@ -409,8 +419,18 @@ def _propose(drafter, sequence, budget, warpers, do_sample, policy):
 
 
 @torch.no_grad()
-def speculative_generate(model, drafter, input_ids, config, threshold=0.0):
-    """The draft-verify loop (spec 3.6), batch 1. Returns `(1, seq + new)` token ids."""
+def _stop_within(criteria, sequence, new_tokens) -> int | None:
+    """How many of `new_tokens` (about to be appended to `sequence`) stand when `criteria` stop after one of them
+    (each prefix asked, shortest first, as one-token decoding asks after every token), else `None`."""
+    for count in range(1, len(new_tokens) + 1) if criteria else ():
+        if bool(criteria(torch.cat([sequence, sequence.new_tensor([new_tokens[:count]])], dim=-1), None).any()):
+            return count
+    return None
+
+
+def speculative_generate(model, drafter, input_ids, config, threshold=0.0, criteria=None):
+    """The draft-verify loop (spec 3.6), batch 1. Returns `(1, seq + new)` token ids. `criteria` (stopping criteria
+    of the tokens) end it at the first token after which they stop."""
     layer_ids = drafter.config["target_layer_ids"]
     warpers, do_sample = _warpers(config), bool(config.do_sample)
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
@@ -425,8 +445,9 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0):
     features = _features(output.hidden_states, layer_ids)
     first_logits = output.logits[:, -1].float()
     token = int(pick_tokens(warpers(input_ids, first_logits) if warpers else first_logits, do_sample)[0])
+    stopped = _stop_within(criteria, input_ids, [token]) is not None
     sequence = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
-    while sequence.shape[1] < limit and token not in eos:
+    while sequence.shape[1] < limit and token not in eos and not stopped:
         drafter.extend_context(features, drafter.context_length)
         drafts, draft_probs, outcome = _propose(drafter, sequence, limit - sequence.shape[1] - 1, warpers, do_sample,
                                                 policy)  # fmt: skip
@@ -443,6 +464,9 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0):
         if any(t in eos for t in committed):
             committed = committed[: next(i for i, t in enumerate(committed) if t in eos) + 1]
             token = committed[-1]
+        stop = _stop_within(criteria, sequence, committed)
+        if stop is not None:
+            committed, stopped = committed[:stop], True
         _drop_last(cache, len(drafts) - accepted)
         features = _features(output.hidden_states, layer_ids)[: accepted + 1]
         sequence = torch.cat([sequence, sequence.new_tensor([committed])], dim=-1)
