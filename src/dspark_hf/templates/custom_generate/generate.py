@@ -418,7 +418,6 @@ def _propose(drafter, sequence, budget, warpers, do_sample, policy):
     return block.ids[0, :length].tolist(), (block.logits[0, :length].softmax(dim=-1) if length else None), outcome
 
 
-@torch.no_grad()
 def _stop_within(criteria, sequence, new_tokens) -> int | None:
     """How many of `new_tokens` (about to be appended to `sequence`) stand when `criteria` stop after one of them
     (each prefix asked, shortest first, as one-token decoding asks after every token), else `None`."""
@@ -428,6 +427,7 @@ def _stop_within(criteria, sequence, new_tokens) -> int | None:
     return None
 
 
+@torch.no_grad()
 def speculative_generate(model, drafter, input_ids, config, threshold=0.0, criteria=None):
     """The draft-verify loop (spec 3.6), batch 1. Returns `(1, seq + new)` token ids. `criteria` (stopping criteria
     of the tokens) end it at the first token after which they stop."""
