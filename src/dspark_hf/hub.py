@@ -9,7 +9,8 @@ A published drafter repository holds:
 - ``custom_generate/generate.py`` + ``requirements.txt``: DSpark decoding for users without dspark-hf, through
   ``target.generate(..., custom_generate="org/drafter", trust_remote_code=True)``. It is written from
   ``templates/custom_generate/generate.py`` with the policy interface and drafting modules every DSpark path runs
-  (`dspark_hf.generation.verification_policy`, `dspark_hf.generation.drafting`) inlined in place of its imports
+  (`dspark_hf.generation.verification_policy`, `dspark_hf.generation.drafting`) and its stopping check
+  (`dspark_hf.generation.stopping`) inlined in place of its imports
   ([`custom_generate_source`]), so the recipe cannot drift from dspark-hf's own drafting and still runs without it.
 
 Entry points: [`render_model_card`] (offline), [`save_drafter`] (a ready-to-upload folder), [`push_drafter`] and the
@@ -35,7 +36,7 @@ from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.utils import logging
 
 from . import interop, registry
-from .generation import drafting, verification_policy
+from .generation import drafting, stopping, verification_policy
 
 
 logger = logging.get_logger(__name__)
@@ -233,15 +234,15 @@ def write_custom_generate(save_directory: str | Path, drafter_reference: str) ->
     return folder
 
 
-# The modules the custom_generate recipe runs, inlined into it in this order (each imports only the standard library
-# and torch).
-INLINED_MODULES = (verification_policy, drafting)
+# The modules the custom_generate recipe runs, inlined into it in this order (each imports only the standard library,
+# torch and transformers).
+INLINED_MODULES = (verification_policy, drafting, stopping)
 
 
 def custom_generate_source(drafter_reference: str | None = None) -> str:
-    """The recipe's ``generate.py``: the template with the source of `dspark_hf.generation.verification_policy` and
-    `dspark_hf.generation.drafting` in place of its imports of them (so it runs where dspark-hf is not installed), and ``DRAFTER`` set to `drafter_reference` (left as the
-    placeholder when `None`: the caller passes ``dspark_drafter=``)."""
+    """The recipe's ``generate.py``: the template with the source of `INLINED_MODULES` in place of its imports of them
+    (so it runs where dspark-hf is not installed), and ``DRAFTER`` set to `drafter_reference` (left as the placeholder
+    when `None`: the caller passes ``dspark_drafter=``)."""
     template = (CUSTOM_GENERATE_TEMPLATE / "generate.py").read_text()
     if template.count(DRAFTER_PLACEHOLDER) != 1:
         raise RuntimeError(f"The custom_generate template must contain {DRAFTER_PLACEHOLDER} exactly once.")

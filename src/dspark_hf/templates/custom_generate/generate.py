@@ -36,11 +36,12 @@ from transformers import (
 )
 from transformers.activations import ACT2FN
 
-# The verification policies and the drafting and verification every DSpark path runs
-# (dspark_hf/generation/verification_policy.py and drafting.py). The recipe that `dspark_hf.hub` writes holds those
-# modules' source here instead of these imports, so it runs without dspark-hf.
+# The verification policies, the drafting and verification and the stopping check every DSpark path runs
+# (dspark_hf/generation/verification_policy.py, drafting.py and stopping.py). The recipe that `dspark_hf.hub` writes
+# holds those modules' source here instead of these imports, so it runs without dspark-hf.
 from dspark_hf.generation.verification_policy import FullBlockPolicy, RoundOutcome, ThresholdPolicy
 from dspark_hf.generation.drafting import block_inputs, pick_tokens, sample_drafts, verify
+from dspark_hf.generation.stopping import first_stop
 
 
 # Written by dspark_hf.hub when the drafter is pushed: the Hub id (or folder) holding the drafter weights.
@@ -418,15 +419,6 @@ def _propose(drafter, sequence, budget, warpers, do_sample, policy):
     return block.ids[0, :length].tolist(), (block.logits[0, :length].softmax(dim=-1) if length else None), outcome
 
 
-def _stop_within(criteria, sequence, new_tokens) -> int | None:
-    """How many of `new_tokens` (about to be appended to `sequence`) stand when `criteria` stop after one of them
-    (each prefix asked, shortest first, as one-token decoding asks after every token), else `None`."""
-    for count in range(1, len(new_tokens) + 1) if criteria else ():
-        if bool(criteria(torch.cat([sequence, sequence.new_tensor([new_tokens[:count]])], dim=-1), None).any()):
-            return count
-    return None
-
-
 @torch.no_grad()
 def speculative_generate(model, drafter, input_ids, config, threshold=0.0, criteria=None):
     """The draft-verify loop (spec 3.6), batch 1. Returns `(1, seq + new)` token ids. `criteria` (stopping criteria
@@ -445,8 +437,8 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0, crite
     features = _features(output.hidden_states, layer_ids)
     first_logits = output.logits[:, -1].float()
     token = int(pick_tokens(warpers(input_ids, first_logits) if warpers else first_logits, do_sample)[0])
-    stopped = _stop_within(criteria, input_ids, [token]) is not None
     sequence = torch.cat([input_ids, input_ids.new_tensor([[token]])], dim=-1)
+    stopped = first_stop(criteria, sequence, input_ids.shape[1]) is not None
     while sequence.shape[1] < limit and token not in eos and not stopped:
         drafter.extend_context(features, drafter.context_length)
         drafts, draft_probs, outcome = _propose(drafter, sequence, limit - sequence.shape[1] - 1, warpers, do_sample,
@@ -464,10 +456,10 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0, crite
         if any(t in eos for t in committed):
             committed = committed[: next(i for i, t in enumerate(committed) if t in eos) + 1]
             token = committed[-1]
-        stop = _stop_within(criteria, sequence, committed)
-        if stop is not None:
-            committed, stopped = committed[:stop], True
         _drop_last(cache, len(drafts) - accepted)
         features = _features(output.hidden_states, layer_ids)[: accepted + 1]
-        sequence = torch.cat([sequence, sequence.new_tensor([committed])], dim=-1)
+        length, sequence = sequence.shape[1], torch.cat([sequence, sequence.new_tensor([committed])], dim=-1)
+        stop = first_stop(criteria, sequence, length)  # the first prefix of the round after which they stop
+        if stop is not None:
+            sequence, stopped = sequence[:, :stop], True
     return sequence[:, :limit]
