@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import HfApi, ModelCard
-from transformers import AutoModel, BatchEncoding, StoppingCriteria, StoppingCriteriaList
+from transformers import AutoModel, BatchEncoding, StoppingCriteriaList
 
 from conftest import (
     SYNTHETIC_PROMPT as PROMPT,
@@ -28,6 +28,7 @@ from conftest import (
     predictable_pair,
 )
 from dspark_hf import DSparkDrafter, cli, hub, interop, testing
+from test_stopping import EndsWith
 
 
 CARD = {"base_model": "org/tiny-target", "license": "apache-2.0", "datasets": ["org/chat-responses"]}
@@ -295,21 +296,13 @@ def test_custom_generate_folder_matches_target_and_dspark_hf(tmp_path):
     assert any(r.accepted < r.verified for r in rounds) and any(r.accepted > 0 for r in rounds)
 
 
-class _LastTokenIs(StoppingCriteria):
-    def __init__(self, token: int):
-        self.token = token
-
-    def __call__(self, input_ids, scores, **kwargs):
-        return input_ids[:, -1] == self.token
-
-
 @pytest.mark.usefixtures("modules_cache")
 def test_custom_generate_stops_where_the_target_stops(tmp_path):
     target, path = predictable_pair(tmp_path, dtype="float32", reject=False)
     hub.write_custom_generate(path, str(path))
     full = target.generate(PROMPT, max_new_tokens=24, do_sample=False)[0, PROMPT.shape[1]:].tolist()
     for stop_after in (full[5], full[10]):  # tokens inside the drafted rounds, whose drafts are all accepted
-        criteria = StoppingCriteriaList([_LastTokenIs(stop_after)])
+        criteria = StoppingCriteriaList([EndsWith([stop_after])])
         expected = target.generate(PROMPT, max_new_tokens=24, do_sample=False, stopping_criteria=criteria)
         assert expected.shape[1] < PROMPT.shape[1] + 24
         output = target.generate(PROMPT, max_new_tokens=24, do_sample=False, stopping_criteria=criteria,

@@ -172,14 +172,6 @@ def test_batched_logits_processors_see_each_row_as_generate_does(name):
     assert out.tolist() == expected.tolist()
 
 
-class LastTokenIs(StoppingCriteria):
-    def __init__(self, token: int):
-        self.token = token
-
-    def __call__(self, input_ids, scores, **kwargs):
-        return input_ids[:, -1] == self.token
-
-
 @pytest.mark.parametrize("seed", range(40))
 def test_random_settings_give_the_targets_own_output(seed):
     """Random combinations of processors, stopping, EOS, prompt lookup and fixed lengths, at batch 1 to 3 (left
@@ -200,7 +192,7 @@ def test_random_settings_give_the_targets_own_output(seed):
         "repetition_penalty": rng.choice([1.2, 1.5]), "min_new_tokens": rng.randrange(1, 10),
         "no_repeat_ngram_size": rng.choice([2, 3]), "begin_suppress_tokens": [greedy[4]],
         "bad_words_ids": [[greedy[6]]],
-        "stopping_criteria": StoppingCriteriaList([LastTokenIs(greedy[rng.randrange(4, 20)])]),
+        "stopping_criteria": StoppingCriteriaList([EndsWith([greedy[rng.randrange(4, 20)]])]),
     }
     settings.update({name: value for name, value in optional.items() if rng.random() < 0.35})
     speculation = {}

@@ -681,9 +681,9 @@ class DSparkBatchEngine:
         criteria = self.stopping_criteria if request.stopping_criteria is None else request.stopping_criteria
         if not criteria:
             return None
-        history = torch.tensor([request.history_prefix + request.sequence + tokens], device=self.device)
-        stop = first_stop(criteria, history, history.shape[1] - len(tokens))
-        return None if stop is None else stop - (history.shape[1] - len(tokens))
+        committed = request.history_prefix + request.sequence
+        stop = first_stop(criteria, torch.tensor([committed + tokens], device=self.device), len(committed))
+        return None if stop is None else stop - len(committed)
 
 
 def generate_batch(

@@ -18,11 +18,14 @@ from transformers import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria, S
 from transformers.generation import BaseStreamer
 
 
+# Asked once per round, of the whole sequence: the length limit and EOS (every loop cuts a round at those itself) and
+# `MaxTimeCriteria` (a clock, not a function of the tokens).
+_ONCE_PER_ROUND = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
+
+
 def token_criteria(criteria) -> StoppingCriteriaList:
-    """The criteria a round must ask of each prefix: all but the length limit and EOS (every loop cuts a round at
-    those itself) and `MaxTimeCriteria` (a clock, not a function of the tokens)."""
-    skip = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
-    return StoppingCriteriaList([c for c in criteria or () if not isinstance(c, skip)])
+    """The criteria a round must ask of each prefix: all but those asked once per round."""
+    return StoppingCriteriaList([c for c in criteria or () if not isinstance(c, _ONCE_PER_ROUND)])
 
 
 def time_criteria(criteria) -> StoppingCriteriaList:
@@ -77,7 +80,7 @@ class RoundStopping(StoppingCriteriaList):
     def __init__(self, criteria: StoppingCriteriaList, streamer: BaseStreamer | None, prompt_length: int):
         super().__init__(criteria)
         self.by_token, self.checked_length, self.prompt_length = token_criteria(criteria), prompt_length, prompt_length
-        self.rest = StoppingCriteriaList([c for c in criteria if not any(c is t for t in self.by_token)])
+        self.rest = StoppingCriteriaList([c for c in criteria if isinstance(c, _ONCE_PER_ROUND)])
         self.streamer = None if streamer is None else _HeldStreamer(streamer)
         self.stop_length: int | None = None
 
