@@ -11,7 +11,7 @@ OLDEST_VENV ?= .venv-transformers-$(OLDEST_TRANSFORMERS)
 # The tests that touch transformers' generation internals (see src/dspark_hf/_transformers_compat.py).
 INTEGRATION_TESTS := tests/test_transformers_contract.py tests/test_greedy_lossless.py tests/test_sampling_exact.py \
 	tests/test_batched.py tests/test_peft.py tests/test_quickstart.py tests/test_default_policy.py tests/test_errors.py \
-	tests/test_stopping.py tests/test_generate_settings.py tests/test_target_families.py
+	tests/test_stopping.py tests/test_generate_settings.py tests/test_target_families.py tests/test_prefilled_cache.py
 
 .PHONY: demo test test-fast test-oldest setup
 

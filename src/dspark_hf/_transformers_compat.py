@@ -8,6 +8,8 @@ transformers has no public hook for a new kind of assistant, so we wrap a few pr
   raising transformers' "batch_size = 1 only" error.
 - `GenerationMixin._validate_generation_mode`: checks a DSpark drafter against the target, and refuses beam search
   and contradictory speculation settings, before transformers' own checks.
+- `prepare_inputs_for_generation` (on the target instance, for one call): a cache filled by an earlier call makes the
+  assisted loop's first forward start after the cached positions, as generate's prefill does without an assistant.
 - `GenerationConfig._get_default_generation_params`: tells which of transformers' speculation settings
   (`num_assistant_tokens`, `assistant_confidence_threshold`) a call sets, which then pick the verification policy.
 - `AutoModel.from_pretrained` / `AutoModelForCausalLM.from_pretrained`: a checkpoint whose `architectures[0]` is a
@@ -23,6 +25,7 @@ silently disabling speculation.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -81,6 +84,10 @@ def check_contract() -> list[str]:
     defaults = getattr(GenerationConfig, "_get_default_generation_params", lambda: {})()
     if "num_assistant_tokens" not in defaults or "assistant_confidence_threshold" not in defaults:
         problems.append("GenerationConfig._get_default_generation_params() no longer lists the assistant settings")
+    prepare_params = inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    if not {"next_sequence_length", "is_first_iteration"} <= set(prepare_params):
+        problems.append("GenerationMixin.prepare_inputs_for_generation lost `next_sequence_length` or "
+                        "`is_first_iteration` (a pre-filled cache's first forward is sliced with them)")
     if not hasattr(CandidateGenerator, "requires_model_outputs"):
         problems.append("CandidateGenerator.requires_model_outputs is gone")
     constrained = PrefixConstrainedLogitsProcessor(lambda batch_id, sent: [0], 1)
@@ -188,19 +195,27 @@ def _make_assisted_decoding(original):
             return original(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                             streamer, inputs_tensor, assistant_model, *args, **model_kwargs)
         if input_ids.shape[0] == 1:
+            cached = model_kwargs["cache"].get_seq_length() if model_kwargs.get("cache") is not None else 0
             # transformers asks its stopping criteria once per round; stop strings and custom criteria are asked of
             # every prefix the round committed instead, and the output cut at the first that stops
             # (generation/stopping.py)
             stopping = RoundStopping(stopping_criteria, streamer, input_ids.shape[1]) if token_criteria(
                 stopping_criteria) else None
             try:
-                output = original(self, input_ids, logits_processor, stopping or stopping_criteria, generation_config,
-                                  synced_gpus, streamer if stopping is None else stopping.streamer, inputs_tensor,
-                                  assistant_model, *args, **model_kwargs)
+                with _forward_uncached_only(self, cached):
+                    output = original(self, input_ids, logits_processor, stopping or stopping_criteria,
+                                      generation_config, synced_gpus,
+                                      streamer if stopping is None else stopping.streamer, inputs_tensor,
+                                      assistant_model, *args, **model_kwargs)
             finally:  # the candidate generator turns native GQA on for each verification forward (generation/gqa.py)
                 use_native_gqa(False)
             return output if stopping is None else stopping.cut(output)
         from .generation.batched import generate_batch
+
+        if model_kwargs.get("cache") is not None and model_kwargs["cache"].get_seq_length() > 0:
+            logger.warning_once("dspark-hf: batched DSpark generation builds its own caches; the pre-filled cache "
+                                "passed to generate() is not used (the prompts are prefilled again, and it is not "
+                                "extended). Continue a cache at batch size 1.")
 
         asked = [f"{name}=True" for name in _PER_STEP_OUTPUTS if getattr(generation_config, name, False)]
         asked = (["a streamer"] if streamer is not None else []) + (
@@ -227,6 +242,36 @@ def _make_assisted_decoding(original):
         return sequences
 
     return _assisted_decoding
+
+
+@contextlib.contextmanager
+def _forward_uncached_only(model, cached: int):
+    """Within the block, the assisted loop's first forward on `model` skips the `cached` positions that a cache from
+    an earlier call holds (nothing changes when `cached` is 0). The loop's first forward takes the whole prompt
+    (`next_sequence_length=None`), which on a pre-filled cache appends the prompt after it again, at shifted
+    positions (transformers' own prompt lookup then gives other tokens than decoding without an assistant); generate's
+    prefill for decoding without an assistant slices `input_ids[:, cached:]`, and so does this."""
+    prepare = model.prepare_inputs_for_generation
+
+    @functools.wraps(prepare)
+    def prepare_inputs_for_generation(input_ids, *args, next_sequence_length=None, is_first_iteration=False, **kwargs):
+        if is_first_iteration and next_sequence_length is None:
+            next_sequence_length = input_ids.shape[1] - cached
+        return prepare(input_ids, *args, next_sequence_length=next_sequence_length,
+                       is_first_iteration=is_first_iteration, **kwargs)
+
+    if not cached:
+        yield
+        return
+    own = vars(model).get("prepare_inputs_for_generation")  # a wrapper's own, set on the instance
+    model.prepare_inputs_for_generation = prepare_inputs_for_generation
+    try:
+        yield
+    finally:
+        if own is None:
+            del model.prepare_inputs_for_generation
+        else:
+            model.prepare_inputs_for_generation = own
 
 
 def _make_validate_generation_mode(original):

@@ -90,7 +90,10 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.returns_logits = self.do_sample or ensemble_weight is not None
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
         self.cache = DynamicCache(config=self.config)
-        self.context_length = 0  # target positions whose context K/V are in `self.cache`
+        # Target positions whose context K/V are in `self.cache`, or were left out of it: a target cache filled by an
+        # earlier call (a previous turn) holds positions whose hidden states this call never sees, so the drafter's
+        # context starts after them. Its drafts then read the new positions only; their verification is unchanged.
+        self.context_length = cached_length(model_kwargs)
         self._deferred: list[torch.Tensor] = []  # target features of skipped rounds, not yet in `self.cache`
         self._deferred_length = 0
         self.policy.reset()
@@ -244,8 +247,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
             raise RuntimeError(
                 f"Expected the target's last forward to cover the {num_new} newly committed positions at hidden-state "
                 f"indices {self.config.hidden_state_indices}; got shapes "
-                f"{[None if layer is None else tuple(layer.shape) for layer in layers]}. Was the prompt prefilled "
-                "outside of generate (a pre-filled cache)? Pass the whole prompt instead."
+                f"{[None if layer is None else tuple(layer.shape) for layer in layers]}. (Did transformers' "
+                "assisted loop change how it slices its first forward? see dspark_hf._transformers_compat)"
             )
         return torch.cat([layer[:, :num_new] for layer in layers], dim=-1)
 
@@ -273,8 +276,16 @@ def _check_inputs(input_ids: torch.LongTensor, model_kwargs: dict[str, Any]) -> 
             "The attention_mask has padding (zeros) for a single sequence. DSpark drafts at absolute positions and "
             "needs an unpadded prompt: tokenize it without padding (or strip the pad tokens)."
         )
-    if model_kwargs.get("cache") is not None and model_kwargs["cache"].get_seq_length() > 0:
+    cached = cached_length(model_kwargs)
+    if cached >= input_ids.shape[1]:
         raise ValueError(
-            "generate() was given a pre-filled cache; DSpark needs the target's hidden states for the whole prompt, "
-            "so pass the full prompt without a cache."
+            f"The cache passed to generate() holds {cached} positions, the whole prompt of {input_ids.shape[1]} "
+            "tokens; its last token must be uncached (its forward gives the first new token): pass "
+            "`input_ids` with the new turn appended, or crop the cache by one (`cache.crop(-1)`)."
         )
+
+
+def cached_length(model_kwargs: dict[str, Any]) -> int:
+    """How many positions the target's cache already holds at the start of the call (a cache of an earlier call)."""
+    cache = model_kwargs.get("cache")
+    return 0 if cache is None else cache.get_seq_length()
