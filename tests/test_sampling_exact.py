@@ -118,6 +118,23 @@ def test_sampled_tokens_follow_the_target_distribution(lossless_cases):
     lossless_cases["sampling"] += NUM_SAMPLES
 
 
+def test_sampling_from_a_prefilled_cache_follows_the_target_distribution(lossless_cases):
+    """A target cache filled by an earlier call holds the prompt's first two positions: the first forward starts after
+    them, and the drafter drafts from the third position's features on (tests/test_prefilled_cache.py)."""
+    target, drafter = _models()
+    drafter.verification_policy = FullBlockPolicy()
+
+    def sampler(target, drafter):
+        with torch.no_grad():
+            cache = target(PROMPT[:, :2], use_cache=True).cache
+        return _samples_from_generate(target, drafter, cache=cache)
+
+    statistic, cells = _chi_square(target, drafter, seed=6, sampler=sampler)
+    assert drafter.generation_stats.rounds[0].verified == 2
+    assert statistic < _critical_value(cells), (statistic, cells)
+    lossless_cases["sampling"] += NUM_SAMPLES
+
+
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_batched_engine_sampling_follows_the_target_distribution(policy, lossless_cases):
     target, drafter = _models()
