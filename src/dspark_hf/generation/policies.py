@@ -68,7 +68,7 @@ __all__ = [
 
 
 # The batched engine's margin over plain decoding (`PlannedWidthPolicy.min_gain`): drafting must promise this much more
-# throughput. 0: in a noise-free replay of bench-load's prompts (README, "Verification policies") a 10% margin cost 1-3%
+# throughput. 0: in a noise-free replay of bench-load's prompts (docs/batched-engine.md) a 10% margin cost 1-3%
 # at 1-4 requests and changed nothing at 16-32, and on this machine an A/B could not tell 0 from 0.1 at 16-32.
 ENGINE_MIN_GAIN = 0.0
 
