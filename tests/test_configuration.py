@@ -52,3 +52,10 @@ def test_drafter_rotary_embedding_is_yarn_at_the_configured_theta(yarn_v4_checkp
     torch.testing.assert_close(rotary.inv_freq[:2].double(), default[:2], rtol=1e-6, atol=0)
     torch.testing.assert_close(rotary.inv_freq[4:].double(), default[4:] / 4.0, rtol=1e-6, atol=0)
     assert rotary.attention_scaling == pytest.approx(0.1 * math.log(4.0) + 1.0)
+
+
+def test_a_z_lab_dflash_config_is_refused_with_its_convention_named():
+    """z-lab's DFlash drafters drop the anchor's output: read as DSpark drafters they would draft one position off."""
+    config = {**testing.synthetic_config("qwen3"), "architectures": ["DFlashDraftModel"]}
+    with pytest.raises(ValueError, match=r"z-lab DFlash drafter .* one position off"):
+        DSparkConfig.from_dict(config)

@@ -181,6 +181,13 @@ class DSparkKeys:
                 "of this family?"
             )
         architectures = config_dict.get("architectures") or []
+        if architectures and architectures[0] == "DFlashDraftModel":
+            raise ValueError(
+                "This checkpoint is a z-lab DFlash drafter (architectures=['DFlashDraftModel']): its block drops the "
+                "anchor's output, so its drafts would land one position off here (docs/design.md, \"Forward pass\"). "
+                "Run it with code of its own convention (z-lab's, or transformers' speculation_type=\"dflash\" "
+                "loop), not as a DSpark drafter."
+            )
         if architectures and architectures[0] not in architectures_read:
             raise ValueError(
                 f"This checkpoint declares architectures={architectures}, not a drafter {cls.__name__} reads "
