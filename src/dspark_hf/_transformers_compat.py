@@ -251,6 +251,9 @@ def _forward_uncached_only(model, cached: int):
     (`next_sequence_length=None`), which on a pre-filled cache appends the prompt after it again, at shifted
     positions (transformers' own prompt lookup then gives other tokens than decoding without an assistant); generate's
     prefill for decoding without an assistant slices `input_ids[:, cached:]`, and so does this."""
+    if not cached:
+        yield
+        return
     prepare = model.prepare_inputs_for_generation
 
     @functools.wraps(prepare)
@@ -260,9 +263,6 @@ def _forward_uncached_only(model, cached: int):
         return prepare(input_ids, *args, next_sequence_length=next_sequence_length,
                        is_first_iteration=is_first_iteration, **kwargs)
 
-    if not cached:
-        yield
-        return
     own = vars(model).get("prepare_inputs_for_generation")  # a wrapper's own, set on the instance
     model.prepare_inputs_for_generation = prepare_inputs_for_generation
     try:
