@@ -1,7 +1,8 @@
 """Greedy DSpark output is the target's own greedy output on every path, over ~1,000 cases whose drafts are partly right.
 
-A case is one prompt decoded by one drafter: through `generate` at batch 1, as a row of a batched `generate` (the
-batched engine), or through the standalone `custom_generate` recipe. Its reference is the target's greedy
+A case is one prompt decoded by one drafter: through `generate` at batch 1 (also continuing a cache that holds part
+of the prompt), as a row of a batched `generate` (the batched engine), or through the standalone `custom_generate`
+recipe. Its reference is the target's greedy
 `generate` of that prompt. Each drafter's Markov head drafts the transitions the target itself makes in its greedy
 continuations, after a random subset of tokens, and its own random guess after the others: verification accepts some
 drafts and rejects others, and every case asserts that drafts were verified and at least one accepted.
@@ -11,6 +12,7 @@ The sweep sizes come from `DSPARK_HF_LOSSLESS_CASES` (1,000 by default; `make te
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 import random
@@ -137,6 +139,33 @@ def test_batch_one_greedy_sweep(lossless_cases):
             outcomes.add([(r.verified, r.accepted) for r in drafter.generation_stats.rounds], case)
     assert outcomes.rejections > outcomes.cases // 4  # the rejection path ran in many cases
     lossless_cases["greedy batch 1"] += outcomes.cases
+
+
+def test_batch_one_prefilled_cache_greedy_sweep(lossless_cases):
+    """Batch 1 continuing a target cache of an earlier call that holds a random part of the prompt (a chat's next
+    turn), with prompt lookup inside the rounds in a third of the cases: the reference is target-only decoding from
+    a copy of the same cache (tests/test_prefilled_cache.py)."""
+    outcomes = Outcomes()
+    for index in range(NUM_GROUPS):
+        data, rng = group(index), random.Random(f"pre-filled cache {index}")
+        for row, prompt in enumerate(data.prompts):
+            if len(prompt) < 2 or row % 2:
+                continue
+            drafter = partly_right_drafter(data, rng)
+            drafter.verification_policy = random_policy(drafter, rng)
+            ids = torch.tensor([prompt])
+            cached = rng.randint(1, len(prompt) - 1)
+            with torch.no_grad():
+                cache = data.target(ids[:, :cached], use_cache=True).cache
+            settings = dict(do_sample=False, max_new_tokens=rng.randint(6, MAX_NEW_TOKENS), pad_token_id=0)
+            expected = data.target.generate(ids, cache=copy.deepcopy(cache), **settings)
+            lookup = {"prompt_lookup_num_tokens": 3} if rng.random() < 1 / 3 else {}
+            out = data.target.generate(ids, cache=cache, assistant_model=drafter, **settings, **lookup)
+            case = f"group {index} row {row} ({drafter.config.block_size=}, {cached=}, {lookup})"
+            assert out.tolist() == expected.tolist(), case
+            outcomes.add([(r.verified, r.accepted) for r in drafter.generation_stats.rounds], case)
+    assert outcomes.rejections > outcomes.cases // 4
+    lossless_cases["greedy batch 1, pre-filled cache"] += outcomes.cases
 
 
 def test_batched_greedy_sweep(lossless_cases):
