@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_hf.benchmarks.bench import machine_info, version_info
+from dspark_hf.benchmarks.bench import write_record
 from dspark_hf.benchmarks.prompts import load_prompts
 from dspark_hf.modeling_dspark import DSparkDrafter
 from dspark_hf.models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, load_target
@@ -90,11 +90,8 @@ def main(argv=None) -> int:
         summary[f"full_block_tau_{name}"] = sum(c[f"full_block_tau_{name}"] for c in cases) / len(cases)
     print(json.dumps(summary, indent=1))
     if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        record = {"command": "python scripts/prefilled_cache_check.py " + " ".join(argv or sys.argv[1:]),
-                  "machine": machine_info(), "versions": version_info(), "target_dtype": "float32",
-                  "max_new_tokens": args.max_new_tokens, "summary": summary, "cases": cases}
-        args.output.write_text(json.dumps(record, indent=1) + "\n")
+        write_record(args.output, "python scripts/prefilled_cache_check.py " + " ".join(argv or sys.argv[1:]),
+                     target_dtype="float32", max_new_tokens=args.max_new_tokens, summary=summary, cases=cases)
     return 0
 
 

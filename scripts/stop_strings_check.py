@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from dspark_hf.benchmarks.bench import machine_info, version_info
+from dspark_hf.benchmarks.bench import write_record
 from dspark_hf.benchmarks.prompts import first_turn_ids
 from dspark_hf.modeling_dspark import DSparkDrafter
 from dspark_hf.models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, load_target
@@ -60,11 +60,8 @@ def main(argv=None) -> int:
                for method in methods}
     print(json.dumps(summary, indent=1))
     if args.output is not None:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        record = {"command": "python scripts/stop_strings_check.py " + " ".join(argv or sys.argv[1:]),
-                  "machine": machine_info(), "versions": version_info(), "target_dtype": "float32",
-                  "max_new_tokens": args.max_new_tokens, "summary": summary, "cases": cases}
-        args.output.write_text(json.dumps(record, indent=1) + "\n")
+        write_record(args.output, "python scripts/stop_strings_check.py " + " ".join(argv or sys.argv[1:]),
+                     target_dtype="float32", max_new_tokens=args.max_new_tokens, summary=summary, cases=cases)
     return 0
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import platform
 import shlex
@@ -264,6 +265,15 @@ def version_info() -> dict[str, str]:
 
     return {"dspark_hf": dspark_hf.__version__, "torch": torch.__version__,
             "transformers": transformers.__version__, "python": platform.python_version()}
+
+
+def write_record(path: str | Path, command: str, **fields: Any) -> None:
+    """Writes a script's JSON results to `path` (its folder made if needed): the command that made them, this
+    machine and the package versions, then `fields`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"command": command, "machine": machine_info(), "versions": version_info(), **fields}
+    path.write_text(json.dumps(record, indent=1) + "\n")
 
 
 def results_document(
