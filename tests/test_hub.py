@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import torch
 from huggingface_hub import HfApi, ModelCard
-from transformers import AutoModel, BatchEncoding, StoppingCriteriaList
+from transformers import AutoModel, BatchEncoding, DynamicCache, StoppingCriteriaList
 
 from conftest import (
     SYNTHETIC_PROMPT as PROMPT,
     assert_round_trip_is_byte_identical,
     char_tokenizer,
     count_forwards,
+    imitate_transitions,
     load_generate_module,
     make_drafter,
     make_target,
@@ -311,6 +312,38 @@ def test_custom_generate_stops_where_the_target_stops(tmp_path):
     with pytest.raises(ValueError, match="stop_strings needs the tokenizer"):
         target.generate(PROMPT, max_new_tokens=4, stop_strings=["a"], custom_generate=str(path),
                         trust_remote_code=True)  # fmt: skip
+
+
+@pytest.mark.usefixtures("modules_cache")
+def test_custom_generate_continues_a_cache_of_an_earlier_turn(tmp_path, monkeypatch):
+    """A chat through the recipe, each turn continuing one cache in place (as `generate` does with a cache passed to
+    it): what target-only decoding gives turn after turn with its own cache (a drafter that drafts the target's own
+    transitions, so rounds accept drafts on top of the cached positions)."""
+    target = make_target(seed=5)
+    drafter = make_drafter(target, seed=6, markov_rank=97, block_size=4)
+    start = torch.tensor([[11, 40, 7, 23]])
+    greedy = target.generate(start, max_new_tokens=40, min_new_tokens=40, do_sample=False, pad_token_id=0)[0].tolist()
+    imitate_transitions(drafter, dict(zip(greedy, greedy[1:])))
+    drafter.save_pretrained(tmp_path / "drafter")
+    hub.write_custom_generate(tmp_path / "recipe", str(tmp_path / "drafter"))
+    settings = dict(do_sample=False, max_new_tokens=10, pad_token_id=0)
+    recipe = dict(custom_generate=str(tmp_path / "recipe"), trust_remote_code=True)
+    module = sys.modules[target.load_custom_generate(recipe["custom_generate"], trust_remote_code=True).__module__]
+    starts, extend = [], module.DSparkStandaloneDrafter.extend_context
+    monkeypatch.setattr(module.DSparkStandaloneDrafter, "extend_context",
+                        lambda self, features, first: starts.append(first) or extend(self, features, first))
+    turn, own_cache, recipe_cache = torch.tensor([greedy[:6]]), DynamicCache(), DynamicCache()
+    for new_turn in ([31, 8], [44, 3, 9], []):
+        mask, cached = torch.ones_like(turn), recipe_cache.get_seq_length()
+        own = target.generate(turn, attention_mask=mask, cache=own_cache, **settings)
+        starts.clear()
+        ours = target.generate(turn, attention_mask=mask, cache=recipe_cache, **recipe, **settings)
+        assert ours.tolist() == own.tolist()
+        assert recipe_cache.get_seq_length() == own_cache.get_seq_length() == ours.shape[1] - 1
+        assert starts[0] == cached  # the drafter's context starts after the cached positions
+        turn = torch.cat([ours, torch.tensor([new_turn], dtype=torch.long)], dim=-1)
+    with pytest.raises(ValueError, match="the whole prompt"):
+        target.generate(turn[:, :5], cache=recipe_cache, **recipe, **settings)
 
 
 RUN_WITHOUT_DSPARK_HF = textwrap.dedent("""

@@ -87,13 +87,28 @@ def generate(model, inputs=None, input_ids=None, attention_mask=None, generation
     _check_prompt(input_ids, attention_mask)
     tokenizer = kwargs.pop("tokenizer", None)
     criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+    cache = _prefilled_cache(kwargs, input_ids)
     config = _generation_config(model, generation_config, kwargs)
     if config.stop_strings:
         if tokenizer is None:
             raise ValueError("stop_strings needs the tokenizer: pass tokenizer=... to generate as well.")
         criteria.append(StopStringCriteria(tokenizer, config.stop_strings))
     drafter = load_drafter(dspark_drafter or DRAFTER, model)
-    return speculative_generate(model, drafter, input_ids, config, dspark_confidence_threshold, criteria)
+    return speculative_generate(model, drafter, input_ids, config, dspark_confidence_threshold, criteria, cache)
+
+
+def _prefilled_cache(kwargs, input_ids):
+    """The target cache of an earlier call passed as `cache` (or `past_key_values`), holding the first positions of
+    `input_ids` (a chat's earlier turns), or `None`. The loop continues it in place, as `model.generate` does."""
+    cache = kwargs.pop("cache", None)
+    legacy = kwargs.pop("past_key_values", None)
+    cache = cache if cache is not None else legacy
+    if cache is not None and cache.get_seq_length() >= input_ids.shape[1]:
+        raise ValueError(
+            f"The cache holds {cache.get_seq_length()} positions, the whole prompt of {input_ids.shape[1]} tokens; "
+            "its last token must be uncached: pass input_ids with the new turn appended, or crop the cache by one."
+        )
+    return cache
 
 
 def _check_prompt(input_ids, attention_mask) -> None:
@@ -420,18 +435,21 @@ def _propose(drafter, sequence, budget, warpers, do_sample, policy):
 
 
 @torch.no_grad()
-def speculative_generate(model, drafter, input_ids, config, threshold=0.0, criteria=None):
+def speculative_generate(model, drafter, input_ids, config, threshold=0.0, criteria=None, cache=None):
     """The draft-verify loop (spec 3.6), batch 1. Returns `(1, seq + new)` token ids. `criteria` (stopping criteria
-    of the tokens) end it at the first token after which they stop."""
+    of the tokens) end it at the first token after which they stop. `cache`, the target's cache of an earlier call
+    holding the prompt's first positions, is continued (the drafter then drafts from the positions after them, whose
+    target features this call computes); it ends holding every returned position but the last."""
     layer_ids = drafter.config["target_layer_ids"]
     warpers, do_sample = _warpers(config), bool(config.do_sample)
     eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
     limit = config.max_length if config.max_new_tokens is None else input_ids.shape[1] + config.max_new_tokens
-    drafter.context, drafter.context_length = [[None, None] for _ in range(drafter.num_layers)], 0
+    cache = DynamicCache(config=model.config) if cache is None else cache
+    cached = cache.get_seq_length()
+    drafter.context, drafter.context_length = [[None, None] for _ in range(drafter.num_layers)], cached
     policy = _policy(drafter, threshold)
     policy.reset()
-    cache = DynamicCache(config=model.config)
-    output = _target_forward(model, input_ids, cache)
+    output = _target_forward(model, input_ids[:, cached:], cache)
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()  # lets sliding-window layers roll back rejected drafts
     features = _features(output.hidden_states, layer_ids)
@@ -462,4 +480,6 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0, crite
         stop = first_stop(criteria, sequence, length)  # the first prefix of the round after which they stop
         if stop is not None:
             sequence, stopped = sequence[:, :stop], True
-    return sequence[:, :limit]
+    sequence = sequence[:, :limit]
+    _drop_last(cache, max(cache.get_seq_length() - (sequence.shape[1] - 1), 0))  # a cut inside the last round
+    return sequence
