@@ -96,6 +96,25 @@ def test_empty_prompts_are_refused(target, drafter):
                         assistant_model=drafter, max_new_tokens=4, pad_token_id=0)
 
 
+def test_inputs_embeds_need_their_ids(target, drafter):
+    """Drafts are token ids at absolute positions: embeddings alone leave the loop no prompt ids to count from."""
+    prompt = torch.tensor([[5, 9, 14, 2, 7], [3, 8, 1, 6, 4]])
+    embeds = target.get_input_embeddings()(prompt).detach()
+    for rows in (1, 2):
+        with pytest.raises(ValueError, match="inputs_embeds without input_ids.*pass input_ids="):
+            target.generate(inputs_embeds=embeds[:rows], assistant_model=drafter, max_new_tokens=4, pad_token_id=0)
+    settings = dict(do_sample=False, max_new_tokens=16, pad_token_id=0)
+    torch.manual_seed(0)
+    soft = embeds[:1] + 0.5 * torch.randn_like(embeds[:1])  # a soft prompt: not the ids' own embeddings
+    expected = target.generate(input_ids=prompt[:1], inputs_embeds=soft, **settings)
+    assert expected.tolist() != target.generate(input_ids=prompt[:1], **settings).tolist()
+    out = target.generate(input_ids=prompt[:1], inputs_embeds=soft, assistant_model=drafter, num_assistant_tokens=3,
+                          **settings)  # fmt: skip
+    assert out.tolist() == expected.tolist()
+    with pytest.raises(ValueError, match="prefills its rows from input_ids.*batch size 1 for inputs_embeds"):
+        target.generate(input_ids=prompt, inputs_embeds=embeds, assistant_model=drafter, **settings)
+
+
 def test_threshold_needs_a_confidence_head(target):
     drafter = make_drafter(target, enable_confidence_head=False)
     with pytest.raises(ValueError, match="needs confidences"):

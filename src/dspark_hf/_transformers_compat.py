@@ -194,6 +194,12 @@ def _make_assisted_decoding(original):
         if drafter is None:
             return original(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus,
                             streamer, inputs_tensor, assistant_model, *args, **model_kwargs)
+        if input_ids.shape[1] == 0 and model_kwargs.get("inputs_embeds") is not None:
+            raise ValueError(
+                "generate() got inputs_embeds without input_ids. DSpark drafts from token ids at absolute positions: "
+                "pass input_ids= with the prompt's ids as well (the inputs_embeds still feed the target's first "
+                "forward)."
+            )
         if input_ids.shape[0] == 1:
             cached = model_kwargs["cache"].get_seq_length() if model_kwargs.get("cache") is not None else 0
             # transformers asks its stopping criteria once per round; stop strings and custom criteria are asked of
@@ -217,6 +223,9 @@ def _make_assisted_decoding(original):
                                 "passed to generate() is not used (the prompts are prefilled again, and it is not "
                                 "extended). Continue a cache at batch size 1.")
 
+        if model_kwargs.get("inputs_embeds") is not None:
+            raise ValueError("Batched DSpark generation prefills its rows from input_ids; this call passes "
+                             "inputs_embeds too. Use batch size 1 for inputs_embeds (or pass input_ids alone).")
         asked = [f"{name}=True" for name in _PER_STEP_OUTPUTS if getattr(generation_config, name, False)]
         asked = (["a streamer"] if streamer is not None else []) + (
             asked if generation_config.return_dict_in_generate else [])
