@@ -115,6 +115,12 @@ def test_inputs_embeds_need_their_ids(target, drafter):
         target.generate(input_ids=prompt, inputs_embeds=embeds, assistant_model=drafter, **settings)
 
 
+def test_batched_calls_refuse_model_inputs_the_engine_would_ignore(target, drafter):
+    prompt = torch.tensor([[5, 9, 14, 2, 7], [3, 8, 1, 6, 4]])
+    with pytest.raises(ValueError, match=r"also passes \['output_router_logits'\], which it would ignore"):
+        target.generate(prompt, assistant_model=drafter, max_new_tokens=4, pad_token_id=0, output_router_logits=True)
+
+
 def test_threshold_needs_a_confidence_head(target):
     drafter = make_drafter(target, enable_confidence_head=False)
     with pytest.raises(ValueError, match="needs confidences"):

@@ -180,6 +180,10 @@ def row_logits_processor(processors, row: int):
     return adapted if changed else None
 
 
+# What generate hands its decoding loop besides the inputs, that the batched engine builds itself or reads
+# (`position_ids` generate derives from the attention mask); any other model input would be ignored there.
+_BATCHED_MODEL_KWARGS = {"attention_mask", "cache", "use_cache", "logits_to_keep", "position_ids", "tokenizer",
+                         "assistant_tokenizer"}
 # generate's per-step outputs (one entry per step for the whole batch), which batched DSpark rows cannot give
 _PER_STEP_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
@@ -226,6 +230,11 @@ def _make_assisted_decoding(original):
         if model_kwargs.get("inputs_embeds") is not None:
             raise ValueError("Batched DSpark generation prefills its rows from input_ids; this call passes "
                              "inputs_embeds too. Use batch size 1 for inputs_embeds (or pass input_ids alone).")
+        unused = sorted(name for name, value in model_kwargs.items()
+                        if value is not None and name not in _BATCHED_MODEL_KWARGS)
+        if unused:
+            raise ValueError(f"Batched DSpark generation runs the target on input_ids and attention_mask alone; this "
+                             f"call also passes {unused}, which it would ignore. Use batch size 1 for them.")
         asked = [f"{name}=True" for name in _PER_STEP_OUTPUTS if getattr(generation_config, name, False)]
         asked = (["a streamer"] if streamer is not None else []) + (
             asked if generation_config.return_dict_in_generate else [])
