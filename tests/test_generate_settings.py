@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 from conftest import make_drafter, make_target
 from dspark_hf import ThresholdPolicy
@@ -119,6 +120,10 @@ def test_batched_calls_refuse_model_inputs_the_engine_would_ignore(target, draft
     prompt = torch.tensor([[5, 9, 14, 2, 7], [3, 8, 1, 6, 4]])
     with pytest.raises(ValueError, match=r"also passes \['output_router_logits'\], which it would ignore"):
         target.generate(prompt, assistant_model=drafter, max_new_tokens=4, pad_token_id=0, output_router_logits=True)
+    if hasattr(GenerationConfig(), "assistant_ensemble_weight"):  # transformers >= 5.25
+        with pytest.raises(ValueError, match="assistant_ensemble_weight .* Use batch size 1 for it"):
+            target.generate(prompt, assistant_model=drafter, max_new_tokens=4, pad_token_id=0,
+                            assistant_ensemble_weight=0.3)
 
 
 def test_threshold_needs_a_confidence_head(target):

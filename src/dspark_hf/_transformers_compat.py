@@ -227,6 +227,10 @@ def _make_assisted_decoding(original):
                                 "passed to generate() is not used (the prompts are prefilled again, and it is not "
                                 "extended). Continue a cache at batch size 1.")
 
+        if getattr(generation_config, "assistant_ensemble_weight", None) is not None:
+            raise ValueError("assistant_ensemble_weight (verification against a mixture of target and draft, not "
+                             "lossless) is transformers' batch-1 loop's; batched DSpark generation verifies against "
+                             "the target alone. Use batch size 1 for it, or drop it.")
         if model_kwargs.get("inputs_embeds") is not None:
             raise ValueError("Batched DSpark generation prefills its rows from input_ids; this call passes "
                              "inputs_embeds too. Use batch size 1 for inputs_embeds (or pass input_ids alone).")
