@@ -572,3 +572,22 @@ def test_appending_layer_behaves_like_concatenation():
     more = torch.randn(2, 3, 1, 4)
     keys, _ = layer.update(more, -more)
     assert torch.equal(keys, torch.cat([torch.cat(reference + [new], dim=2)[[1, 0]], more], dim=2))
+
+
+def test_requests_are_checked_when_they_are_added(target, drafter):
+    """Bad prompts get a one-line error at `add_request`, not an IndexError inside a later step that takes the other
+    requests down with it; a tokenizer's `(1, seq)` row is one prompt."""
+    engine = DSparkBatchEngine(target, drafter, pad_token_id=0)
+    bad = {
+        "Empty prompt": ([], 4),
+        "max_new_tokens must be >= 1": ([5, 6], 0),
+        r"outside the target's vocabulary \[0, 97\) or not integers: \[300\]": (torch.tensor([5, 300]), 4),
+        r"a torch.float32 tensor of shape \(2,\)": (torch.tensor([5.0, 6.0]), 4),
+        r"shape \(2, 2\). Add each row of a batch as a request of its own": (torch.tensor([[5, 6], [7, 8]]), 4),
+    }
+    for message, (prompt, max_new_tokens) in bad.items():
+        with pytest.raises(ValueError, match=message):
+            engine.add_request(prompt, max_new_tokens)
+    request = engine.add_request(torch.tensor([[5, 9, 14]]), 6)
+    engine.run()
+    assert request.prompt_ids == [5, 9, 14] and request.output_ids == solo(target, [5, 9, 14], 6)

@@ -247,9 +247,7 @@ class DSparkBatchEngine:
         `logits_processor` and `stopping_criteria` replace the engine's for this request (say, its own stop strings:
         `StoppingCriteriaList([StopStringCriteria(tokenizer, ["\\n\\n"])])`); `history_prefix` (ids) is what they see
         before the prompt (`generate` passes a padded row's padding)."""
-        prompt = [int(t) for t in (prompt_ids.tolist() if torch.is_tensor(prompt_ids) else prompt_ids)]
-        if not prompt:
-            raise ValueError("Empty prompt: every request needs at least one token.")
+        prompt = _prompt_ids(prompt_ids, self.target.get_input_embeddings().num_embeddings)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
         block = self.drafter.config.block_size if self.drafter is not None else 0
@@ -684,6 +682,26 @@ class DSparkBatchEngine:
         committed = request.history_prefix + request.sequence
         stop = first_stop(criteria, torch.tensor([committed + tokens], device=self.device), len(committed))
         return None if stop is None else stop - len(committed)
+
+
+def _prompt_ids(prompt_ids, vocab_size: int) -> list[int]:
+    """A request's prompt as a list of ids: a list, a 1-D tensor or one tokenizer row `(1, seq)`; anything else (a
+    batch, floats, ids outside the vocabulary) is refused in one line."""
+    if torch.is_tensor(prompt_ids):
+        if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
+            prompt_ids = prompt_ids[0]
+        if prompt_ids.dim() != 1 or prompt_ids.is_floating_point():
+            raise ValueError(f"A request's prompt is one sequence of token ids (a list or a 1-D integer tensor); got "
+                             f"a {prompt_ids.dtype} tensor of shape {tuple(prompt_ids.shape)}. Add each row of a "
+                             "batch as a request of its own.")
+        prompt_ids = prompt_ids.tolist()
+    bad = [t for t in prompt_ids if isinstance(t, float) or not 0 <= int(t) < vocab_size]
+    if bad:
+        raise ValueError(f"A request's prompt has ids outside the target's vocabulary [0, {vocab_size}) or not "
+                         f"integers: {bad[:5]}. Tokenize it with the target's tokenizer.")
+    if not prompt_ids:
+        raise ValueError("Empty prompt: every request needs at least one token.")
+    return [int(t) for t in prompt_ids]
 
 
 def generate_batch(
