@@ -247,7 +247,9 @@ class DSparkBatchEngine:
         `logits_processor` and `stopping_criteria` replace the engine's for this request (say, its own stop strings:
         `StoppingCriteriaList([StopStringCriteria(tokenizer, ["\\n\\n"])])`); `history_prefix` (ids) is what they see
         before the prompt (`generate` passes a padded row's padding)."""
-        prompt = _prompt_ids(prompt_ids, self.target.get_input_embeddings().num_embeddings)
+        # (the trace simulator's engine has no target: its prompts come from recorded generations)
+        vocab_size = None if self.target is None else self.target.get_input_embeddings().num_embeddings
+        prompt = _prompt_ids(prompt_ids, vocab_size)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
         block = self.drafter.config.block_size if self.drafter is not None else 0
@@ -684,9 +686,9 @@ class DSparkBatchEngine:
         return None if stop is None else stop - len(committed)
 
 
-def _prompt_ids(prompt_ids, vocab_size: int) -> list[int]:
+def _prompt_ids(prompt_ids, vocab_size: int | None) -> list[int]:
     """A request's prompt as a list of ids: a list, a 1-D tensor or one tokenizer row `(1, seq)`; anything else (a
-    batch, floats, ids outside the vocabulary) is refused in one line."""
+    batch, floats, ids outside `[0, vocab_size)` when it is given) is refused in one line."""
     if torch.is_tensor(prompt_ids):
         if prompt_ids.dim() == 2 and prompt_ids.shape[0] == 1:
             prompt_ids = prompt_ids[0]
@@ -695,7 +697,7 @@ def _prompt_ids(prompt_ids, vocab_size: int) -> list[int]:
                              f"a {prompt_ids.dtype} tensor of shape {tuple(prompt_ids.shape)}. Add each row of a "
                              "batch as a request of its own.")
         prompt_ids = prompt_ids.tolist()
-    bad = [t for t in prompt_ids if isinstance(t, float) or not 0 <= int(t) < vocab_size]
+    bad = [t for t in prompt_ids if isinstance(t, float) or not 0 <= int(t) < (vocab_size or float("inf"))]
     if bad:
         raise ValueError(f"A request's prompt has ids outside the target's vocabulary [0, {vocab_size}) or not "
                          f"integers: {bad[:5]}. Tokenize it with the target's tokenizer.")
