@@ -13,6 +13,8 @@ except `MaxTimeCriteria`, which depends on the clock and is asked once per round
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from transformers import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria, StoppingCriteriaList
 from transformers.generation import BaseStreamer
@@ -26,6 +28,23 @@ _ONCE_PER_ROUND = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
 def token_criteria(criteria) -> StoppingCriteriaList:
     """The criteria a round must ask of each prefix: all but those asked once per round."""
     return StoppingCriteriaList([c for c in criteria or () if not isinstance(c, _ONCE_PER_ROUND)])
+
+
+def drop_last(cache, count: int) -> None:
+    """Removes the last `count` positions of a target cache (transformers >= 5.2x's `crop` counts down, older ones
+    up: the custom_generate recipe, which inlines this module, runs on both)."""
+    if not count:
+        return
+    if "tokens_to_remove" in inspect.signature(cache.crop).parameters:
+        cache.crop(-count)
+    else:
+        cache.crop(cache.get_seq_length() - count)
+
+
+def cut_cache(cache, length: int) -> None:
+    """Cuts a target cache to a sequence of `length` tokens: K/V for all but the last (not computed yet), dropping
+    what a round computed past an output cut there."""
+    drop_last(cache, max(cache.get_seq_length() - (length - 1), 0))
 
 
 def time_criteria(criteria) -> StoppingCriteriaList:
@@ -107,7 +126,5 @@ class RoundStopping(StoppingCriteriaList):
                 setattr(output, name, getattr(output, name)[:kept])
         cache = getattr(output, "cache", None) or getattr(output, "past_key_values", None)
         if cache is not None and hasattr(cache, "crop"):
-            extra = cache.get_seq_length() - (self.stop_length - 1)  # the last token's keys and values are not computed
-            if extra > 0:
-                cache.crop(-extra)
+            cut_cache(cache, self.stop_length)
         return output

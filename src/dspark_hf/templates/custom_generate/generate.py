@@ -41,7 +41,7 @@ from transformers.activations import ACT2FN
 # holds those modules' source here instead of these imports, so it runs without dspark-hf.
 from dspark_hf.generation.verification_policy import FullBlockPolicy, RoundOutcome, ThresholdPolicy
 from dspark_hf.generation.drafting import block_inputs, pick_tokens, sample_drafts, verify
-from dspark_hf.generation.stopping import first_stop
+from dspark_hf.generation.stopping import cut_cache, drop_last, first_stop
 
 
 # Written by dspark_hf.hub when the drafter is pushed: the Hub id (or folder) holding the drafter weights.
@@ -393,15 +393,6 @@ def _target_forward(model, input_ids, cache):
     return model(input_ids=input_ids, use_cache=True, output_hidden_states=True, **{cache_argument: cache})
 
 
-def _drop_last(cache, count):
-    """Removes the last `count` positions of the target cache (transformers >= 5.2x counts down, older ones up)."""
-    parameters = inspect.signature(cache.crop).parameters
-    if "tokens_to_remove" in parameters:
-        cache.crop(-count)
-    elif count:
-        cache.crop(cache.get_seq_length() - count)
-
-
 def _features(hidden_states, layer_ids):
     """`(seq, m * hidden)`: the raw outputs of the target layers `layer_ids` (HF index i + 1 is layer i's output)."""
     return torch.cat([hidden_states[i + 1][0] for i in layer_ids], dim=-1)
@@ -474,12 +465,12 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0, crite
         if any(t in eos for t in committed):
             committed = committed[: next(i for i, t in enumerate(committed) if t in eos) + 1]
             token = committed[-1]
-        _drop_last(cache, len(drafts) - accepted)
+        drop_last(cache, len(drafts) - accepted)
         features = _features(output.hidden_states, layer_ids)[: accepted + 1]
         length, sequence = sequence.shape[1], torch.cat([sequence, sequence.new_tensor([committed])], dim=-1)
         stop = first_stop(criteria, sequence, length)  # the first prefix of the round after which they stop
         if stop is not None:
             sequence, stopped = sequence[:, :stop], True
     sequence = sequence[:, :limit]
-    _drop_last(cache, max(cache.get_seq_length() - (sequence.shape[1] - 1), 0))  # a cut inside the last round
+    cut_cache(cache, sequence.shape[1])  # an output cut inside the last round
     return sequence
