@@ -112,7 +112,7 @@ def test_inputs_embeds_need_their_ids(target, drafter):
     out = target.generate(input_ids=prompt[:1], inputs_embeds=soft, assistant_model=drafter, num_assistant_tokens=3,
                           **settings)  # fmt: skip
     assert out.tolist() == expected.tolist()
-    with pytest.raises(ValueError, match="prefills its rows from input_ids.*batch size 1 for inputs_embeds"):
+    with pytest.raises(ValueError, match=r"also passes \['inputs_embeds'\], which it would ignore. Use batch size 1"):
         target.generate(input_ids=prompt, inputs_embeds=embeds, assistant_model=drafter, **settings)
 
 

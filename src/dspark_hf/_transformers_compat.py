@@ -204,8 +204,10 @@ def _make_assisted_decoding(original):
                 "pass input_ids= with the prompt's ids as well (the inputs_embeds still feed the target's first "
                 "forward)."
             )
+        from .generation.candidate_generator import cached_length
+
         if input_ids.shape[0] == 1:
-            cached = model_kwargs["cache"].get_seq_length() if model_kwargs.get("cache") is not None else 0
+            cached = cached_length(model_kwargs)
             # transformers asks its stopping criteria once per round; stop strings and custom criteria are asked of
             # every prefix the round committed instead, and the output cut at the first that stops
             # (generation/stopping.py)
@@ -222,7 +224,7 @@ def _make_assisted_decoding(original):
             return output if stopping is None else stopping.cut(output)
         from .generation.batched import generate_batch
 
-        if model_kwargs.get("cache") is not None and model_kwargs["cache"].get_seq_length() > 0:
+        if cached_length(model_kwargs):
             logger.warning_once("dspark-hf: batched DSpark generation builds its own caches; the pre-filled cache "
                                 "passed to generate() is not used (the prompts are prefilled again, and it is not "
                                 "extended). Continue a cache at batch size 1.")
@@ -231,9 +233,6 @@ def _make_assisted_decoding(original):
             raise ValueError("assistant_ensemble_weight (verification against a mixture of target and draft, not "
                              "lossless) is transformers' batch-1 loop's; batched DSpark generation verifies against "
                              "the target alone. Use batch size 1 for it, or drop it.")
-        if model_kwargs.get("inputs_embeds") is not None:
-            raise ValueError("Batched DSpark generation prefills its rows from input_ids; this call passes "
-                             "inputs_embeds too. Use batch size 1 for inputs_embeds (or pass input_ids alone).")
         unused = sorted(name for name, value in model_kwargs.items()
                         if value is not None and name not in _BATCHED_MODEL_KWARGS)
         if unused:
