@@ -58,6 +58,46 @@ def test_batched_generation_honours_the_settings(target, drafter, monkeypatch):
     assert [type(p).__name__ for p in seen] == ["FixedLengthPolicy"] and seen[0].length == 2
 
 
+def test_num_return_sequences_samples_the_expanded_rows_in_the_batched_engine(target, drafter):
+    """transformers' assisted loop refuses `num_return_sequences > 1`; with a DSpark assistant generate expands the
+    prompts to that many rows each (in its order: each prompt's copies together), which the batched engine samples
+    like any batch (its distribution: tests/test_sampling_exact.py, on copies of one prompt)."""
+    prompts = torch.tensor([[0, 5, 9, 14], [3, 8, 1, 6]])
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    settings = dict(do_sample=True, max_new_tokens=12, pad_token_id=0)
+    torch.manual_seed(3)
+    out = target.generate(prompts, attention_mask=mask, assistant_model=drafter, num_return_sequences=3, **settings)
+    torch.manual_seed(3)
+    expected = target.generate(prompts.repeat_interleave(3, dim=0), attention_mask=mask.repeat_interleave(3, dim=0),
+                               assistant_model=drafter, **settings)
+    assert out.shape[0] == 6 and torch.equal(out, expected)
+    assert len({tuple(row) for row in out[:3, 4:].tolist()}) > 1  # independent samples, not one sample copied
+    assert len(drafter.batch_generation_stats) == 6
+    with pytest.raises(ValueError, match="Greedy methods .* do not support `num_return_sequences`"):
+        target.generate(prompts[:1], assistant_model=drafter, do_sample=False, num_return_sequences=2, max_new_tokens=4)
+
+
+def test_text_generation_pipeline_passes_the_assistant(target, drafter):
+    """`pipeline("text-generation", ..., assistant_model=drafter)`: one prompt, a batch, n samples of a prompt."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, pipeline
+
+    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(target.config.vocab_size)}, unk_token="t3"))
+    words.pre_tokenizer, words.decoder = pre_tokenizers.WhitespaceSplit(), decoders.WordPiece()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, bos_token="t1", eos_token="t2", pad_token="t0",
+                                        unk_token="t3", padding_side="left")
+    prompts = ["t5 t9 t14 t7", "t8 t1"]
+    plain = pipeline("text-generation", model=target, tokenizer=tokenizer)
+    assisted = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=drafter)
+    settings = dict(max_new_tokens=8, do_sample=False)
+    assert assisted(prompts[0], **settings) == plain(prompts[0], **settings)
+    assert drafter.generation_stats.rounds
+    assert assisted(prompts, batch_size=2, **settings) == plain(prompts, batch_size=2, **settings)
+    assert len(drafter.batch_generation_stats) == 2  # the batched engine ran the pipeline's batch
+    samples = assisted(prompts[0], max_new_tokens=8, do_sample=True, num_return_sequences=3)
+    assert len(samples) == 3 and all(s["generated_text"].startswith(prompts[0]) for s in samples)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -297,7 +297,8 @@ def _forward_uncached_only(model, cached: int):
 
 def _make_validate_generation_mode(original):
     """Checks a DSpark drafter against the target before transformers' own checks, whose message for a drafter of
-    another vocabulary points at universal assisted decoding (tokenizer pairs) instead of the actual mistake."""
+    another vocabulary points at universal assisted decoding (tokenizer pairs) instead of the actual mistake, and lets
+    `num_return_sequences` through (the expanded rows go to the batched engine)."""
 
     @functools.wraps(original)
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
@@ -317,6 +318,14 @@ def _make_validate_generation_mode(original):
                     "a round verifying several tokens would corrupt. Drop guidance_scale, or drop assistant_model."
                 )
             policy_for_call(changed_speculation_settings(generation_config))  # refuses contradictory settings early
+            # transformers refuses num_return_sequences > 1 for its batch-1 assisted loop; generate expands the prompt
+            # to that many rows after this check, and a DSpark assistant samples them in the batched engine
+            wanted = generation_config.num_return_sequences
+            generation_config.num_return_sequences = 1
+            try:
+                return original(self, generation_mode, generation_config, generation_mode_kwargs)
+            finally:
+                generation_config.num_return_sequences = wanted
         return original(self, generation_mode, generation_config, generation_mode_kwargs)
 
     return _validate_generation_mode
