@@ -3,10 +3,11 @@
 generate continues a cache filled by an earlier call (`cache=` the previous output's `.cache`, the prompt being the
 whole conversation so far). transformers' assisted loop forwards the whole prompt in its first round, on top of the
 cached positions; dspark-hf starts that forward after them (`dspark_hf._transformers_compat._forward_uncached_only`),
-and its drafter drafts from the new positions' target features only. For each mt-bench conversation (float32,
-greedy): turn 1, then turn 2 from each method's own turn-1 cache, against target-only's turn 2 from its cache (itself
-checked against target-only without a cache), and the drafter's full-block tau on turn 2 with and without the cache
-(what drafting from the new positions alone costs).
+and its drafter continues the context it left beside that cache (else it drafts from the new positions only). For
+each mt-bench conversation (float32, greedy): turn 1, then turn 2 from each method's own turn-1 cache, against
+target-only's turn 2 from its cache (itself checked against target-only without a cache), and the drafter's full-block
+tau on turn 2 with the cache (the drafter's context of turn 1 carried over beside it), from a cache turn 1 filled
+without the drafter (its context then holds the new positions alone), and without a cache.
 
     python scripts/prefilled_cache_check.py --output benchmarks/results/prefilled-cache/second-turns.json
 """
@@ -26,6 +27,9 @@ from dspark_hf.modeling_dspark import DSparkDrafter
 from dspark_hf.models import DEFAULT_TARGET, EMBEDDED_DRAFTERS, load_target
 
 SHARED = Path(__file__).resolve().parents[2] / "shared"
+# Turn 2's full-block tau: from turn 1's cache with the drafter's context of turn 1 carried over (turn 1 drafted too),
+# from a cache that turn 1 filled without the drafter (the drafter reads turn 2's new positions only), without a cache.
+TAU_VARIANTS = (("with_cache", True, None), ("with_cache_new_positions_only", True, {}), ("without_cache", False, None))
 
 
 def main(argv=None) -> int:
@@ -59,9 +63,11 @@ def main(argv=None) -> int:
         shared = int((own.sequences[0, : second.shape[1]] == second[0, : own.sequences.shape[1]]).cumprod(0).sum())
         mask = torch.ones_like(second)
 
-        def turn_two(kwargs, cache=True):
-            """Turn 1 then turn 2 from its cache (cropped to the positions turn 2 repeats), for one method."""
-            cache = target.generate(first, attention_mask=torch.ones_like(first), **common, **kwargs).cache if (
+        def turn_two(kwargs, cache=True, first_kwargs=None):
+            """Turn 1 then turn 2 from its cache (cropped to the positions turn 2 repeats), for one method (turn 1
+            with `first_kwargs` where given)."""
+            kwargs_one = kwargs if first_kwargs is None else first_kwargs
+            cache = target.generate(first, attention_mask=torch.ones_like(first), **common, **kwargs_one).cache if (
                 cache) else None
             if cache is not None and cache.get_seq_length() > shared:
                 cache.crop(shared - cache.get_seq_length())
@@ -78,15 +84,16 @@ def main(argv=None) -> int:
             case[method] = {"identical": out == expected, "first_divergence": diverges[0] if diverges else None}
             if method == "dspark":
                 case[method]["tau"] = drafter.generation_stats.tau
-        for name, cache in (("with_cache", True), ("without_cache", False)):
-            turn_two(dict(assistant_model=drafter, num_assistant_tokens=drafter.config.block_size), cache=cache)
+        full_block = dict(assistant_model=drafter, num_assistant_tokens=drafter.config.block_size)
+        for name, cache, first_kwargs in TAU_VARIANTS:
+            turn_two(full_block, cache=cache, first_kwargs=first_kwargs)
             case[f"full_block_tau_{name}"] = drafter.generation_stats.tau
         cases.append(case)
         print(json.dumps(case), flush=True)
     summary = {method: {"identical": sum(c[method]["identical"] for c in cases), "cases": len(cases)}
                for method in methods}
     summary["target_cache_equals_no_cache"] = sum(c["target_cache_equals_no_cache"] for c in cases)
-    for name in ("with_cache", "without_cache"):
+    for name, _, _ in TAU_VARIANTS:
         summary[f"full_block_tau_{name}"] = sum(c[f"full_block_tau_{name}"] for c in cases) / len(cases)
     print(json.dumps(summary, indent=1))
     if args.output is not None:

@@ -79,6 +79,51 @@ def test_the_drafter_drafts_from_the_uncached_positions(target):
     assert seen and seen[0][0] == 6  # the cached positions 0-5 have no target features in this call
 
 
+def test_the_drafter_continues_the_context_it_left_beside_the_cache(target):
+    """A call that extends a cache a DSpark call returned drafts from the earlier positions' context too (kept beside
+    that cache object), cut to what the cache still holds; another drafter, or a cache it never saw, starts anew."""
+    from dspark_hf.generation.candidate_generator import DrafterContext
+
+    drafter = make_drafter(target, markov_rank=97)
+    seen = []
+    original = type(drafter).forward
+
+    def forward(self, *args, **kwargs):
+        seen.append(kwargs["context_position_ids"][0].tolist())
+        return original(self, *args, **kwargs)
+
+    drafter.forward = forward.__get__(drafter)
+    settings = dict(max_new_tokens=8, num_assistant_tokens=2, return_dict_in_generate=True, **GREEDY)
+    first = target.generate(torch.tensor([[5, 9, 14, 2, 7]]), assistant_model=drafter, **settings)
+    cache = first.cache
+    context = DrafterContext._by_cache[cache]
+    turn_one = context.positions.tolist()
+    assert turn_one == list(range(len(turn_one))) and context.end <= cache.get_seq_length()
+    cached = cache.get_seq_length()
+    turn = torch.cat([first.sequences, torch.tensor([[31, 8, 8]])], dim=-1)
+    expected = target.generate(turn, **{**settings, "num_assistant_tokens": None})
+    seen.clear()
+    out = target.generate(turn, cache=cache, assistant_model=drafter, **settings)
+    assert out.sequences.tolist() == expected.sequences.tolist()
+    assert DrafterContext._by_cache[cache] is context and context.positions[: len(turn_one)].tolist() == turn_one
+    assert seen[0][0] == cached  # the new positions follow the carried ones
+    assert context.cache.get_seq_length() == context.positions.numel() > len(turn_one)
+
+    cache.crop(3 - cache.get_seq_length())  # a cache cut back keeps the context of the positions it still holds
+    seen.clear()
+    cut = target.generate(out.sequences[:, :6], cache=cache, assistant_model=drafter, **settings)
+    assert context.positions[:3].tolist() == [0, 1, 2] and seen[0][0] == 3
+    assert context.cache.get_seq_length() == context.positions.numel()
+
+    unseen = _filled_cache(target, turn[:, :4])
+    target.generate(turn, cache=unseen, assistant_model=drafter, **settings)
+    assert DrafterContext._by_cache[unseen].positions[0] == 4
+    cached = cache.get_seq_length()
+    target.generate(torch.cat([cut.sequences, torch.tensor([[9]])], dim=-1), cache=cache,
+                    assistant_model=make_drafter(target, seed=5), **settings)
+    assert DrafterContext._by_cache[cache] is not context and DrafterContext._by_cache[cache].positions[0] == cached
+
+
 def test_the_target_instance_is_left_as_it_was(target, drafter):
     prompt = torch.tensor([[5, 9, 14, 2, 7]])
     target.generate(prompt, cache=_filled_cache(target, prompt[:, :3]), assistant_model=drafter, max_new_tokens=4,

@@ -58,8 +58,9 @@ def test_drafter_cache_holds_one_entry_per_committed_position(target, drafter):
     # The cache covers every position before the last round's anchor, exactly; block K/V are never kept. That round
     # committed its accepted drafts and one more token after the anchor.
     last_round = drafter.generation_stats.rounds[-1]
-    assert generator.cache.get_seq_length() == generator.context_length
-    assert generator.context_length == out.shape[1] - 2 - last_round.accepted
+    context = generator.context
+    assert context.cache.get_seq_length() == context.positions.numel() == context.end
+    assert context.positions.tolist() == list(range(out.shape[1] - 2 - last_round.accepted))
 
 
 def test_context_is_complete_after_rounds_without_drafting():

@@ -25,6 +25,7 @@ see the round.
 from __future__ import annotations
 
 import time
+import weakref
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from .drafting import DraftedBlock, block_inputs, sample_drafts
 from .lookup import PromptLookup
 from .policies import VerificationPolicy, resolve_policy
 from .stats import DSparkGenerationStats, DSparkRoundStats
+from .stopping import drop_last
 from .verification_policy import RoundOutcome
 
 
@@ -89,13 +91,10 @@ class DSparkCandidateGenerator(CandidateGenerator):
         ensemble_weight = getattr(generation_config, "assistant_ensemble_weight", None)
         self.returns_logits = self.do_sample or ensemble_weight is not None
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
-        self.cache = DynamicCache(config=self.config)
-        # Target positions whose context K/V are in `self.cache`, or were left out of it: a target cache filled by an
-        # earlier call (a previous turn) holds positions whose hidden states this call never sees, so the drafter's
-        # context starts after them. Its drafts then read the new positions only; their verification is unchanged.
-        self.context_length = cached_length(model_kwargs)
-        self._deferred: list[torch.Tensor] = []  # target features of skipped rounds, not yet in `self.cache`
-        self._deferred_length = 0
+        # The drafter's context for the target cache this call extends: carried over from the call that filled it
+        # (a chat's previous turn), else the positions it already holds have no target features here and the context
+        # starts after them. Either way only the drafts change; their verification is the target's.
+        self.context = DrafterContext.for_cache(drafter, model_kwargs.get("cache"), cached_length(model_kwargs))
         self.policy.reset()
         self.stats = DSparkGenerationStats(block_size=self.config.block_size)
         self._pending_round: DSparkRoundStats | None = None
@@ -206,29 +205,27 @@ class DSparkCandidateGenerator(CandidateGenerator):
         """
         anchor_position = input_ids.shape[1] - 1  # the anchor itself has not been through the target yet
         self._defer_features(input_ids, model_outputs)
-        features = torch.cat(self._deferred, dim=1)  # skipped rounds' features, then this round's
-        self._deferred, self._deferred_length = [], 0
+        features, context_positions = self.context.take_pending()  # skipped rounds' features, then this round's
         device = self.drafter.device
         block_ids, positions = block_inputs(input_ids[:, -1].to(device), torch.tensor([anchor_position], device=device),
                                             self.config.block_size, self.config.mask_token_id)  # fmt: skip
-        context_positions = torch.arange(self.context_length, anchor_position, device=device)
         output = self.drafter(
             input_ids=block_ids,
             target_hidden_states=features.to(device),
             position_ids=positions,
-            context_position_ids=context_positions[None],
-            cache=self.cache,
+            context_position_ids=context_positions[None].to(device),
+            cache=self.context.cache,
             compute_logits=False,
         )
-        self.context_length = anchor_position
+        self.context.positions = torch.cat([self.context.positions, context_positions])
         return output.last_hidden_state
 
     def _defer_features(self, input_ids: torch.LongTensor, model_outputs: Any) -> None:
         """Buffers the target features of the positions committed since the last call (up to, not including, the
         anchor) until a drafted round appends the whole buffer to the drafter's context."""
-        num_new = input_ids.shape[1] - 1 - self.context_length - self._deferred_length
-        self._deferred.append(self._new_target_features(model_outputs, num_new))
-        self._deferred_length += num_new
+        anchor_position = input_ids.shape[1] - 1
+        features = self._new_target_features(model_outputs, anchor_position - self.context.end)
+        self.context.defer(features, anchor_position)
 
     def _new_target_features(self, model_outputs: Any, num_new: int) -> torch.Tensor:
         """`(1, num_new, m * hidden)`: the first `num_new` rows of the last target forward's selected layers.
@@ -251,6 +248,63 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 "assisted loop change how it slices its first forward? see dspark_hf._transformers_compat)"
             )
         return torch.cat([layer[:, :num_new] for layer in layers], dim=-1)
+
+
+class DrafterContext:
+    """The drafter's context for one target cache: the context K/V of the target positions it has ingested (`cache`,
+    their positions in `positions`) and the features of later positions that wait to be ingested (rounds that did
+    not draft buffer theirs; the next drafted round ingests them all in one pass).
+
+    A generate call that returns its target cache leaves this beside it (`for_cache`, keyed weakly by the cache
+    object), so the call that continues that cache (a chat's next turn) drafts from the whole conversation's features,
+    not only from the positions new to it. The last round of a call gives no features (its forward's outputs reach no
+    later round), so those positions, up to a block, stay missing; attention reads the rest at their own positions.
+    """
+
+    _by_cache: "weakref.WeakKeyDictionary[Any, DrafterContext]" = weakref.WeakKeyDictionary()
+
+    def __init__(self, drafter: DSparkDrafter, start: int):
+        self.drafter = weakref.ref(drafter)
+        self.dtype = drafter.dtype
+        self.cache = DynamicCache(config=drafter.config)
+        self.positions = torch.zeros(0, dtype=torch.long)  # of the entries in `cache`, ascending
+        self._pending: list[torch.Tensor] = []
+        self._pending_positions: list[torch.Tensor] = []
+        self.end = start  # the first target position whose features have not arrived
+
+    @classmethod
+    def for_cache(cls, drafter: DSparkDrafter, target_cache: Any, cached: int) -> "DrafterContext":
+        """The context left beside `target_cache` by this drafter, kept for the `cached` positions the cache still
+        holds (a cropped cache keeps its prefix) and expecting features from there on; else a new one from there."""
+        context = None if target_cache is None else cls._by_cache.get(target_cache)
+        if context is None or context.drafter() is not drafter or context.dtype != drafter.dtype:
+            context = cls(drafter, cached)
+        else:
+            context._restart_at(cached)
+        if target_cache is not None:
+            cls._by_cache[target_cache] = context
+        return context
+
+    def defer(self, features: torch.Tensor, end: int) -> None:
+        """Buffers `features` `(1, end - self.end, m * hidden)`, those of positions `self.end` to `end - 1`."""
+        self._pending.append(features)
+        self._pending_positions.append(torch.arange(self.end, end))
+        self.end = end
+
+    def take_pending(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The buffered features and their positions, in order; the caller ingests them into `cache`."""
+        features, positions = torch.cat(self._pending, dim=1), torch.cat(self._pending_positions)
+        self._pending, self._pending_positions = [], []
+        return features, positions
+
+    def _restart_at(self, length: int) -> None:
+        keep = int((self.positions < length).sum())
+        if keep < self.positions.numel():
+            drop_last(self.cache, self.positions.numel() - keep)
+            self.positions = self.positions[:keep]
+        kept = [(f[:, p < length], p[p < length]) for f, p in zip(self._pending, self._pending_positions)]
+        self._pending, self._pending_positions = [f for f, _ in kept], [p for _, p in kept]
+        self.end = length
 
 
 def _prompt_lookup(generation_config: GenerationConfig, eos_token_ids: list[int] | None) -> PromptLookup | None:
