@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from conftest import imitate_transitions, make_drafter, make_target
+from dspark_hf.generation.candidate_generator import DrafterContext
 from transformers import DynamicCache
 
 GREEDY = dict(do_sample=False, pad_token_id=0)
@@ -60,6 +61,10 @@ def test_a_chat_continues_turn_after_turn(target):
             ours = target.generate(turn, cache=dspark_cache, assistant_model=drafter, **settings, **lookup)
             assert ours.sequences.tolist() == own.sequences.tolist()
             own_cache, dspark_cache = own.cache, ours.cache
+            context = DrafterContext._by_cache[dspark_cache]  # carried to the next turn, lookup rounds' features too
+            positions = torch.cat([context.positions, *context._pending_positions]).tolist()
+            assert positions == sorted(set(positions)) and positions[-1] < dspark_cache.get_seq_length()
+            assert context.cache.get_seq_length() == context.positions.numel()
             turn = torch.cat([ours.sequences, torch.tensor([new_turn])], dim=-1)
 
 
@@ -82,8 +87,6 @@ def test_the_drafter_drafts_from_the_uncached_positions(target):
 def test_the_drafter_continues_the_context_it_left_beside_the_cache(target):
     """A call that extends a cache a DSpark call returned drafts from the earlier positions' context too (kept beside
     that cache object), cut to what the cache still holds; another drafter, or a cache it never saw, starts anew."""
-    from dspark_hf.generation.candidate_generator import DrafterContext
-
     drafter = make_drafter(target, markov_rank=97)
     seen = []
     original = type(drafter).forward
@@ -175,3 +178,17 @@ def test_an_instance_level_prepare_is_wrapped_and_restored(target, drafter):
     out = target.generate(prompt, cache=_filled_cache(target, prompt[:, :4]), assistant_model=drafter, **settings)
     assert out.tolist() == expected.tolist()
     assert calls[0] == 3 and vars(target)["prepare_inputs_for_generation"] is own
+
+
+def test_an_unhashable_cache_is_continued_without_the_carried_context(target, drafter):
+    class Unhashable(DynamicCache):  # a cache class of one's own that defines equality, say
+        __hash__ = None
+
+    prompt = torch.tensor([[5, 9, 14, 2, 7, 30, 31]])
+    settings = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=6, **GREEDY)
+    expected = target.generate(prompt, **settings)
+    cache = Unhashable()
+    with torch.no_grad():
+        target(prompt[:, :4], cache=cache, use_cache=True)
+    out = target.generate(prompt, cache=cache, assistant_model=drafter, **settings)
+    assert out.tolist() == expected.tolist()

@@ -276,7 +276,10 @@ class DrafterContext:
     def for_cache(cls, drafter: DSparkDrafter, target_cache: Any, cached: int) -> "DrafterContext":
         """The context left beside `target_cache` by this drafter, kept for the `cached` positions the cache still
         holds (a cropped cache keeps its prefix) and expecting features from there on; else a new one from there."""
-        context = None if target_cache is None else cls._by_cache.get(target_cache)
+        try:
+            context = None if target_cache is None else cls._by_cache.get(target_cache)
+        except TypeError:  # a cache class of its own, unhashable or not weakly referable: nothing carries over
+            return cls(drafter, cached)
         if context is None or context.drafter() is not drafter or context.dtype != drafter.dtype:
             context = cls(drafter, cached)
         else:
