@@ -29,6 +29,34 @@ def test_generate_batch_rows_equal_solo_rows(arch):
     assert len(drafter.batch_generation_stats) == 4 and drafter.generation_stats.num_rounds > 0
 
 
+def test_copies_of_a_prompt_are_prefilled_once(monkeypatch):
+    """Rows that repeat a prompt (generate's `num_return_sequences`) share one prefill row; each still decodes as its
+    solo generation, and sampled copies still draw their own tokens."""
+    target = make_target("llama", seed=3)
+    drafter = make_drafter(target, block_size=4)
+    prefill_rows = []
+    original = batched.engine_forward
+
+    def spy(target, input_ids, *args, **kwargs):
+        if input_ids.shape[1] > 1 and not prefill_rows:
+            prefill_rows.append(input_ids[:, -1].tolist())  # the first forward of the call is the prefill
+        return original(target, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(batched, "engine_forward", spy)
+    prompts = [[5, 6, 7, 8], [12, 13], [5, 6, 7, 8], [5, 6, 7, 8], [12, 13]]
+    ids, mask = left_pad(prompts)
+    out = target.generate(ids, attention_mask=mask, assistant_model=drafter, do_sample=False, max_new_tokens=12,
+                          pad_token_id=0, eos_token_id=None)
+    assert prefill_rows == [[8, 13]]
+    for row, prompt in enumerate(prompts):
+        assert out[row, ids.shape[1]:].tolist() == solo(target, prompt, 12, eos_token_id=None)
+    prefill_rows.clear()
+    torch.manual_seed(0)
+    sampled = target.generate(torch.tensor([[5, 6, 7, 8]]), assistant_model=drafter, do_sample=True,
+                              num_return_sequences=4, max_new_tokens=12, pad_token_id=0, eos_token_id=None)
+    assert prefill_rows == [[8]] and len({tuple(row) for row in sampled[:, 4:].tolist()}) > 1
+
+
 def test_rows_finish_at_different_times_on_eos():
     target = make_target("llama", seed=2)
     drafter = make_drafter(target, block_size=4)

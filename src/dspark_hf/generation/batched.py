@@ -344,12 +344,16 @@ class DSparkBatchEngine:
 
     def _admit(self) -> list[DSparkRequest]:
         start, new, self.waiting, self._waited_rounds = self.clock(), self.waiting, [], 0
-        width = max(len(r.prompt_ids) for r in new)
-        ids = torch.full((len(new), width), self.pad_token_id, dtype=torch.long, device=self.device)
-        mask = torch.zeros(len(new), width, dtype=torch.bool, device=self.device)
-        for row, request in enumerate(new):
-            ids[row, width - len(request.prompt_ids):] = torch.tensor(request.prompt_ids, device=self.device)
-            mask[row, width - len(request.prompt_ids):] = True
+        # Copies of one prompt (generate's `num_return_sequences`, a batch that repeats a prompt) are prefilled once,
+        # and each copy's row of the caches and logits taken from it.
+        prompts: dict[tuple[int, ...], int] = {}
+        source = [prompts.setdefault(tuple(r.prompt_ids), len(prompts)) for r in new]
+        width = max(len(prompt) for prompt in prompts)
+        ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long, device=self.device)
+        mask = torch.zeros(len(prompts), width, dtype=torch.bool, device=self.device)
+        for row, prompt in enumerate(prompts):
+            ids[row, width - len(prompt):] = torch.tensor(prompt, device=self.device)
+            mask[row, width - len(prompt):] = True
         positions = (mask.long().cumsum(-1) - 1).clamp_min(0)
         cache = cache_ops.slot_cache(self.target.config)
         # only the last position's logits: the LM head over every prompt position would cost more than the prompt's
@@ -359,6 +363,12 @@ class DSparkBatchEngine:
         if self.drafter is not None:
             draft_cache = cache_ops.slot_cache(self.drafter.config)
             self._ingest(draft_cache, features, positions)
+        if len(prompts) < len(new):
+            index = torch.tensor(source, device=self.device)
+            cache.batch_select_indices(index)
+            if draft_cache is not None:
+                draft_cache.batch_select_indices(index.to(self.drafter.device))
+            logits, mask, positions = logits[index], mask[index], positions[index]
         first = torch.stack([pick_tokens(self._process([r], [r.prompt_ids], logits[i, -1][None]), self.do_sample)[0]
                              for i, r in enumerate(new)])
         next_position = positions[:, -1] + 1
