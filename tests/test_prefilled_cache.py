@@ -68,9 +68,8 @@ def test_a_chat_continues_turn_after_turn(target):
             turn = torch.cat([ours.sequences, torch.tensor([new_turn])], dim=-1)
 
 
-def test_the_drafter_drafts_from_the_uncached_positions(target):
-    drafter = make_drafter(target)
-    prompt = torch.tensor([[5, 9, 14, 2, 7, 30, 31, 32]])
+def _record_context_positions(drafter) -> list[list[int]]:
+    """The positions of the new context each drafter forward ingests, appended to the returned list as it runs."""
     seen = []
     original = type(drafter).forward
 
@@ -79,6 +78,13 @@ def test_the_drafter_drafts_from_the_uncached_positions(target):
         return original(self, *args, **kwargs)
 
     drafter.forward = forward.__get__(drafter)
+    return seen
+
+
+def test_the_drafter_drafts_from_the_uncached_positions(target):
+    drafter = make_drafter(target)
+    prompt = torch.tensor([[5, 9, 14, 2, 7, 30, 31, 32]])
+    seen = _record_context_positions(drafter)
     target.generate(prompt, cache=_filled_cache(target, prompt[:, :6]), assistant_model=drafter, max_new_tokens=4,
                     num_assistant_tokens=2, **GREEDY)
     assert seen and seen[0][0] == 6  # the cached positions 0-5 have no target features in this call
@@ -88,14 +94,7 @@ def test_the_drafter_continues_the_context_it_left_beside_the_cache(target):
     """A call that extends a cache a DSpark call returned drafts from the earlier positions' context too (kept beside
     that cache object), cut to what the cache still holds; another drafter, or a cache it never saw, starts anew."""
     drafter = make_drafter(target, markov_rank=97)
-    seen = []
-    original = type(drafter).forward
-
-    def forward(self, *args, **kwargs):
-        seen.append(kwargs["context_position_ids"][0].tolist())
-        return original(self, *args, **kwargs)
-
-    drafter.forward = forward.__get__(drafter)
+    seen = _record_context_positions(drafter)
     settings = dict(max_new_tokens=8, num_assistant_tokens=2, return_dict_in_generate=True, **GREEDY)
     first = target.generate(torch.tensor([[5, 9, 14, 2, 7]]), assistant_model=drafter, **settings)
     cache = first.cache
