@@ -265,7 +265,7 @@ class DrafterContext:
 
     def __init__(self, drafter: DSparkDrafter, start: int):
         self.drafter = weakref.ref(drafter)
-        self.dtype = drafter.dtype
+        self.dtype, self.device = drafter.dtype, drafter.device
         self.cache = DynamicCache(config=drafter.config)
         self.positions = torch.zeros(0, dtype=torch.long)  # of the entries in `cache`, ascending
         self._pending: list[torch.Tensor] = []
@@ -280,7 +280,8 @@ class DrafterContext:
             context = None if target_cache is None else cls._by_cache.get(target_cache)
         except TypeError:  # a cache class of its own, unhashable or not weakly referable: nothing carries over
             return cls(drafter, cached)
-        if context is None or context.drafter() is not drafter or context.dtype != drafter.dtype:
+        if context is None or context.drafter() is not drafter or (context.dtype, context.device) != (
+                drafter.dtype, drafter.device):
             context = cls(drafter, cached)
         else:
             context._restart_at(cached)
