@@ -217,7 +217,6 @@ class DSparkCandidateGenerator(CandidateGenerator):
             cache=self.context.cache,
             compute_logits=False,
         )
-        self.context.positions = torch.cat([self.context.positions, context_positions])
         return output.last_hidden_state
 
     def _defer_features(self, input_ids: torch.LongTensor, model_outputs: Any) -> None:
@@ -296,9 +295,11 @@ class DrafterContext:
         self.end = end
 
     def take_pending(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The buffered features and their positions, in order; the caller ingests them into `cache`."""
+        """The buffered features and their positions, in order, counted as ingested: the caller feeds them to the
+        drafter with `cache` at once."""
         features, positions = torch.cat(self._pending, dim=1), torch.cat(self._pending_positions)
         self._pending, self._pending_positions = [], []
+        self.positions = torch.cat([self.positions, positions])
         return features, positions
 
     def _restart_at(self, length: int) -> None:

@@ -31,8 +31,8 @@ def token_criteria(criteria) -> StoppingCriteriaList:
 
 
 def drop_last(cache, count: int) -> None:
-    """Removes the last `count` positions of a target cache (transformers >= 5.2x's `crop` counts down, older ones
-    up: the custom_generate recipe, which inlines this module, runs on both)."""
+    """Removes the last `count` positions of a cache, the target's or the drafter's context (transformers >= 5.2x's
+    `crop` counts down, older ones up: the custom_generate recipe, which inlines this module, runs on both)."""
     if not count:
         return
     if "tokens_to_remove" in inspect.signature(cache.crop).parameters:
