@@ -13,6 +13,7 @@ tokens than were generated: the cache is cropped to the positions the prompt rep
 """
 
 import argparse
+import inspect
 
 import torch
 from transformers import TextStreamer
@@ -48,6 +49,8 @@ def main() -> None:
 
     target, tokenizer = dspark_hf.models.load_target(args.target)
     drafter = DSparkDrafter.from_pretrained(args.drafter or dspark_hf.models.EMBEDDED_DRAFTERS[args.target])
+    # the cache's name in forward, generate and their outputs: `cache`, or `past_key_values` before transformers 5.24
+    name = "cache" if "cache" in inspect.signature(target.forward).parameters else "past_key_values"
     settings = dict(do_sample=False, max_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                     return_dict_in_generate=True)
     messages, cache, previous = [], None, None
@@ -62,16 +65,16 @@ def main() -> None:
         cache = reusable(cache, previous, prompt)
         print(f"assistant ({prompt.shape[1] - (cache.get_seq_length() if cache else 0)} new prompt tokens)> ",
               end="", flush=True)
-        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), cache=cache, assistant_model=drafter,
+        out = target.generate(prompt, attention_mask=torch.ones_like(prompt), **{name: cache}, assistant_model=drafter,
                               streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True),
                               **settings)
         print(f"[tau {drafter.generation_stats.tau:.2f}]")
         if args.check:
             own = target.generate(prompt, attention_mask=torch.ones_like(prompt),
-                                  cache=reusable(own_cache, own_previous, prompt), **settings)
+                                  **{name: reusable(own_cache, own_previous, prompt)}, **settings)
             print("identical to target-only:", torch.equal(own.sequences, out.sequences))
-            own_cache, own_previous = own.cache, own.sequences
-        cache, previous = out.cache, out.sequences
+            own_cache, own_previous = getattr(own, name), own.sequences
+        cache, previous = getattr(out, name), out.sequences
         reply = tokenizer.decode(out.sequences[0, prompt.shape[1]:], skip_special_tokens=True)
         messages.append({"role": "assistant", "content": reply})
 

@@ -25,6 +25,7 @@ from transformers import PreTrainedTokenizerFast
 import dspark_hf  # noqa: F401  (installs the generate integration)
 import dspark_hf.hub
 from dspark_hf import DSparkDrafter, interop, testing
+from dspark_hf._transformers_compat import CACHE_ARGUMENT
 from dspark_hf.models import cache_dir
 
 
@@ -111,6 +112,17 @@ def modules_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr(dynamic_module_utils, "HF_MODULES_CACHE", str(tmp_path / "modules"))
     monkeypatch.setattr(sys, "path", list(sys.path))
+
+
+def with_cache(cache) -> dict:
+    """The keyword argument that passes `cache` to a target's forward or `generate` (`past_key_values` before
+    transformers 5.24)."""
+    return {CACHE_ARGUMENT: cache}
+
+
+def cache_of(output):
+    """The cache a target's forward or `generate` returned."""
+    return getattr(output, CACHE_ARGUMENT)
 
 
 def left_pad(prompts: list[list[int]]) -> tuple[torch.LongTensor, torch.LongTensor]:

@@ -12,6 +12,7 @@ from transformers import AutoModel
 from conftest import make_drafter, make_target
 from dspark_hf import DSparkDrafter, FullBlockPolicy, HardwareAwarePolicy, ThresholdPolicy
 from dspark_hf import profiling
+from dspark_hf._transformers_compat import hidden_states_request
 from dspark_hf.generation.policies import resolve_policy
 from dspark_hf.models import EMBEDDED_DRAFTERS
 
@@ -38,7 +39,8 @@ def test_default_is_hardware_aware_measured_once_and_cached(target, auto_default
     policy = resolve_policy(drafter, target)
     assert isinstance(policy, HardwareAwarePolicy)
     assert len(auto_default) == 1  # measured on first use, batch 1, up to a whole block plus the anchor (or 16 tokens)
-    assert auto_default[0]["forward_kwargs"] == {"output_hidden_states": [i + 1 for i in drafter.config.target_layer_ids]}
+    wanted = hidden_states_request([i + 1 for i in drafter.config.target_layer_ids])  # the layers the drafter reads
+    assert auto_default[0]["forward_kwargs"] == {"output_hidden_states": wanted}
     assert max(policy.steps_per_second.sizes) == max(drafter.config.block_size + 1, profiling.FIRST_USE_MAX_TOKENS)
 
     # the same drafter keeps its policy (and its measured timings); another drafter reads the cached profile

@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 
-from conftest import imitate_transitions, make_drafter, make_target
+from conftest import cache_of, imitate_transitions, make_drafter, make_target, with_cache
 from dspark_hf.generation.candidate_generator import DrafterContext
 from transformers import DynamicCache
 
@@ -20,7 +20,7 @@ GREEDY = dict(do_sample=False, pad_token_id=0)
 
 def _filled_cache(target, ids: torch.LongTensor) -> DynamicCache:
     with torch.no_grad():
-        return target(ids, use_cache=True).cache
+        return cache_of(target(ids, use_cache=True))
 
 
 def _imitating_pair(seed: int):
@@ -40,9 +40,9 @@ def test_continues_a_prefilled_cache_as_the_target_does(seed, cached):
     settings = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=24, **GREEDY)
     fixed = dict(num_assistant_tokens=4)  # the drafts are verified whatever their confidences
     cache = _filled_cache(target, prompt[:, :cached])
-    expected = target.generate(prompt, cache=copy.deepcopy(cache), **settings)
+    expected = target.generate(prompt, **with_cache(copy.deepcopy(cache)), **settings)
     assert torch.equal(expected, target.generate(prompt, **settings))  # the reference itself
-    out = target.generate(prompt, cache=cache, assistant_model=drafter, **settings, **fixed)
+    out = target.generate(prompt, **with_cache(cache), assistant_model=drafter, **settings, **fixed)
     assert out.tolist() == expected.tolist()
     rounds = drafter.generation_stats.rounds
     assert max(r.accepted for r in rounds if r.drafted) >= 2  # multi-token rounds on top of the cached positions
@@ -57,10 +57,10 @@ def test_a_chat_continues_turn_after_turn(target):
         for new_turn in ([31, 8, 8], [44, 3], [9, 9, 9, 9, 12]):
             settings = dict(attention_mask=torch.ones_like(turn), max_new_tokens=10, return_dict_in_generate=True,
                             **GREEDY)
-            own = target.generate(turn, cache=own_cache, **settings)
-            ours = target.generate(turn, cache=dspark_cache, assistant_model=drafter, **settings, **lookup)
+            own = target.generate(turn, **with_cache(own_cache), **settings)
+            ours = target.generate(turn, **with_cache(dspark_cache), assistant_model=drafter, **settings, **lookup)
             assert ours.sequences.tolist() == own.sequences.tolist()
-            own_cache, dspark_cache = own.cache, ours.cache
+            own_cache, dspark_cache = cache_of(own), cache_of(ours)
             context = DrafterContext._by_cache[dspark_cache]  # carried to the next turn, lookup rounds' features too
             positions = torch.cat([context.positions, *context._pending_positions]).tolist()
             assert positions == sorted(set(positions)) and positions[-1] < dspark_cache.get_seq_length()
@@ -85,8 +85,8 @@ def test_the_drafter_drafts_from_the_uncached_positions(target):
     drafter = make_drafter(target)
     prompt = torch.tensor([[5, 9, 14, 2, 7, 30, 31, 32]])
     seen = _record_context_positions(drafter)
-    target.generate(prompt, cache=_filled_cache(target, prompt[:, :6]), assistant_model=drafter, max_new_tokens=4,
-                    num_assistant_tokens=2, **GREEDY)
+    target.generate(prompt, **with_cache(_filled_cache(target, prompt[:, :6])), assistant_model=drafter,
+                    max_new_tokens=4, num_assistant_tokens=2, **GREEDY)
     assert seen and seen[0][0] == 6  # the cached positions 0-5 have no target features in this call
 
 
@@ -97,7 +97,7 @@ def test_the_drafter_continues_the_context_it_left_beside_the_cache(target):
     seen = _record_context_positions(drafter)
     settings = dict(max_new_tokens=8, num_assistant_tokens=2, return_dict_in_generate=True, **GREEDY)
     first = target.generate(torch.tensor([[5, 9, 14, 2, 7]]), assistant_model=drafter, **settings)
-    cache = first.cache
+    cache = cache_of(first)
     context = DrafterContext._by_cache[cache]
     turn_one = context.positions.tolist()
     assert turn_one == list(range(len(turn_one))) and context.end <= cache.get_seq_length()
@@ -105,7 +105,7 @@ def test_the_drafter_continues_the_context_it_left_beside_the_cache(target):
     turn = torch.cat([first.sequences, torch.tensor([[31, 8, 8]])], dim=-1)
     expected = target.generate(turn, **{**settings, "num_assistant_tokens": None})
     seen.clear()
-    out = target.generate(turn, cache=cache, assistant_model=drafter, **settings)
+    out = target.generate(turn, **with_cache(cache), assistant_model=drafter, **settings)
     assert out.sequences.tolist() == expected.sequences.tolist()
     assert DrafterContext._by_cache[cache] is context and context.positions[: len(turn_one)].tolist() == turn_one
     assert seen[0][0] == cached  # the new positions follow the carried ones
@@ -113,26 +113,26 @@ def test_the_drafter_continues_the_context_it_left_beside_the_cache(target):
 
     cache.crop(3 - cache.get_seq_length())  # a cache cut back keeps the context of the positions it still holds
     seen.clear()
-    cut = target.generate(out.sequences[:, :6], cache=cache, assistant_model=drafter, **settings)
+    cut = target.generate(out.sequences[:, :6], **with_cache(cache), assistant_model=drafter, **settings)
     assert context.positions[:3].tolist() == [0, 1, 2] and seen[0][0] == 3
     assert context.cache.get_seq_length() == context.positions.numel()
 
     unseen = _filled_cache(target, turn[:, :4])
-    target.generate(turn, cache=unseen, assistant_model=drafter, **settings)
+    target.generate(turn, **with_cache(unseen), assistant_model=drafter, **settings)
     assert DrafterContext._by_cache[unseen].positions[0] == 4
     cached = cache.get_seq_length()
-    target.generate(torch.cat([cut.sequences, torch.tensor([[9]])], dim=-1), cache=cache,
+    target.generate(torch.cat([cut.sequences, torch.tensor([[9]])], dim=-1), **with_cache(cache),
                     assistant_model=make_drafter(target, seed=5), **settings)
     assert DrafterContext._by_cache[cache] is not context and DrafterContext._by_cache[cache].positions[0] == cached
 
 
 def test_the_target_instance_is_left_as_it_was(target, drafter):
     prompt = torch.tensor([[5, 9, 14, 2, 7]])
-    target.generate(prompt, cache=_filled_cache(target, prompt[:, :3]), assistant_model=drafter, max_new_tokens=4,
-                    **GREEDY)
+    target.generate(prompt, **with_cache(_filled_cache(target, prompt[:, :3])), assistant_model=drafter,
+                    max_new_tokens=4, **GREEDY)
     assert "prepare_inputs_for_generation" not in vars(target)
     with pytest.raises(ValueError):  # a failing call restores it too
-        target.generate(prompt, cache=_filled_cache(target, prompt[:, :3]), assistant_model=drafter,
+        target.generate(prompt, **with_cache(_filled_cache(target, prompt[:, :3])), assistant_model=drafter,
                         max_new_tokens=4, num_beams=2, **GREEDY)
     assert "prepare_inputs_for_generation" not in vars(target)
 
@@ -140,7 +140,7 @@ def test_the_target_instance_is_left_as_it_was(target, drafter):
 def test_a_cache_holding_the_whole_prompt_is_refused_with_the_fix(target, drafter):
     prompt = torch.tensor([[5, 9, 14, 2, 7]])
     with pytest.raises(ValueError, match=r"holds 5 positions, the whole prompt.*cache.crop\(-1\)"):
-        target.generate(prompt, cache=_filled_cache(target, prompt), assistant_model=drafter, max_new_tokens=4,
+        target.generate(prompt, **with_cache(_filled_cache(target, prompt)), assistant_model=drafter, max_new_tokens=4,
                         **GREEDY)
 
 
@@ -153,9 +153,10 @@ def test_a_lora_target_continues_its_cache(target, drafter):
     prompt = torch.tensor([[5, 9, 14, 2, 7, 30, 31]])
     settings = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=12, **GREEDY)
     cache = _filled_cache(lora, prompt[:, :4])
-    expected = lora.generate(input_ids=prompt, cache=copy.deepcopy(cache), **settings)
+    expected = lora.generate(input_ids=prompt, **with_cache(copy.deepcopy(cache)), **settings)
     assert torch.equal(expected, lora.generate(input_ids=prompt, **settings))
-    out = lora.generate(input_ids=prompt, cache=cache, assistant_model=drafter, num_assistant_tokens=3, **settings)
+    out = lora.generate(input_ids=prompt, **with_cache(cache), assistant_model=drafter, num_assistant_tokens=3,
+                        **settings)
     assert out.tolist() == expected.tolist()
 
 
@@ -174,7 +175,8 @@ def test_an_instance_level_prepare_is_wrapped_and_restored(target, drafter):
     settings = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=6, **GREEDY)
     expected = target.generate(prompt, **settings)
     calls.clear()
-    out = target.generate(prompt, cache=_filled_cache(target, prompt[:, :4]), assistant_model=drafter, **settings)
+    cache = _filled_cache(target, prompt[:, :4])
+    out = target.generate(prompt, **with_cache(cache), assistant_model=drafter, **settings)
     assert out.tolist() == expected.tolist()
     assert calls[0] == 3 and vars(target)["prepare_inputs_for_generation"] is own
 
@@ -188,6 +190,6 @@ def test_an_unhashable_cache_is_continued_without_the_carried_context(target, dr
     expected = target.generate(prompt, **settings)
     cache = Unhashable()
     with torch.no_grad():
-        target(prompt[:, :4], cache=cache, use_cache=True)
-    out = target.generate(prompt, cache=cache, assistant_model=drafter, **settings)
+        target(prompt[:, :4], **with_cache(cache), use_cache=True)
+    out = target.generate(prompt, **with_cache(cache), assistant_model=drafter, **settings)
     assert out.tolist() == expected.tolist()

@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from conftest import make_drafter, make_target
+from conftest import make_drafter, make_target, with_cache
+from dspark_hf._transformers_compat import hidden_states_request
 from dspark_hf.generation.policies import HardwareAwarePolicy
 from dspark_hf.profiling import (
     PROFILE_FILE_NAME,
@@ -50,7 +51,7 @@ class ClockedTarget(torch.nn.Module):
 
     def forward(self, input_ids, cache, use_cache, **kwargs):
         self.cache_lengths.append(cache.get_seq_length())
-        output = self.target(input_ids=input_ids, cache=cache, use_cache=use_cache, **kwargs)
+        output = self.target(input_ids=input_ids, **with_cache(cache), use_cache=use_cache, **kwargs)
         self.clock.now += COST.get(input_ids.shape[1], 0.0) * input_ids.shape[0]
         return output
 
@@ -183,7 +184,8 @@ def test_profile_command(tmp_path):
     assert sorted(map(int, profile["steps_per_second"])) == [1, 2, 3]
     assert profile["settings"]["target"] == str(tmp_path / "target")
     assert profile["metadata"]["command"][:2] == ["dspark-hf", "profile"]
-    assert profile["settings"]["forward_kwargs"] == {"output_hidden_states": [1, 3]}  # as DSpark verifies
+    # the hidden states DSpark verification forwards ask for
+    assert profile["settings"]["forward_kwargs"] == {"output_hidden_states": hidden_states_request([1, 3])}
     assert sorted(load_steps_per_second(drafter_dir)) == [1, 2, 3]
     assert profile["settings"]["dtype"] == "torch.float32"  # --dtype: the earlier name of --target_dtype
     assert profile_dtype_mismatch(drafter_dir, torch.float32) is None

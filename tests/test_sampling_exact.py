@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import GenerationConfig
 
-from conftest import load_generate_module, make_drafter, make_target
+from conftest import cache_of, load_generate_module, make_drafter, make_target, with_cache
 from dspark_hf.generation.batched import DSparkBatchEngine
 from dspark_hf.generation.policies import FixedLengthPolicy, FullBlockPolicy, HardwareAwarePolicy, ThresholdPolicy
 
@@ -126,8 +126,8 @@ def test_sampling_from_a_prefilled_cache_follows_the_target_distribution(lossles
 
     def sampler(target, drafter):
         with torch.no_grad():
-            cache = target(PROMPT[:, :2], use_cache=True).cache
-        return _samples_from_generate(target, drafter, cache=cache)
+            cache = cache_of(target(PROMPT[:, :2], use_cache=True))
+        return _samples_from_generate(target, drafter, **with_cache(cache))
 
     statistic, cells = _chi_square(target, drafter, seed=6, sampler=sampler)
     assert drafter.generation_stats.rounds[0].verified == 2

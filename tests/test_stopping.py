@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, decoders, models
 from transformers import PreTrainedTokenizerFast, StoppingCriteria, StoppingCriteriaList
 from transformers.generation import BaseStreamer
 
-from conftest import imitate_transitions, left_pad, make_drafter, make_target
+from conftest import cache_of, imitate_transitions, left_pad, make_drafter, make_target
 from test_perfect_drafter import VOCAB, lookup_table_target, perfect_drafter
 
 
@@ -101,7 +101,7 @@ def test_per_step_outputs_are_cut_with_the_sequence(pair):
     out = target.generate(prompt, assistant_model=drafter, **kwargs)
     assert out.sequences.tolist() == expected.sequences.tolist()
     assert len(out.scores) == len(out.logits) == len(expected.scores) == expected.sequences.shape[1] - 2
-    assert out.cache.get_seq_length() == out.sequences.shape[1] - 1  # cropped with the cut: resumable
+    assert cache_of(out).get_seq_length() == out.sequences.shape[1] - 1  # cropped with the cut: resumable
 
 
 @pytest.mark.parametrize("prompt_lookup_num_tokens", [None, 4])

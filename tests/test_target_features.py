@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import make_drafter, make_target
+from dspark_hf.training.features import compute_target_signals
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
@@ -84,3 +85,18 @@ def test_context_is_complete_after_rounds_without_drafting():
     assert torch.equal(out, target.generate(prompt, do_sample=False, max_new_tokens=24))
     stats = drafter.generation_stats
     assert stats.skipped_rounds >= 4 and drafter_calls == stats.num_rounds - stats.skipped_rounds
+
+
+def test_training_features_are_the_target_layers_outputs():
+    """Training reads the same layers as generation: `compute_target_signals` against a full forward's hidden
+    states (transformers releases number a selection of them differently; see `hidden_states_request`)."""
+    target = make_target("qwen3", seed=3)
+    ids = torch.tensor([[3, 14, 15, 9, 26, 5], [7, 7, 2, 8, 1, 0]])
+    mask = torch.tensor([[1] * 6, [1] * 5 + [0]])
+    layer_ids = [-1, 0, 2]
+    signals = compute_target_signals(target, ids, mask, layer_ids)
+    with torch.no_grad():
+        reference = target.base_model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    expected = torch.cat([reference.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    torch.testing.assert_close(signals.context_features, expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(signals.last_hidden_state, reference.last_hidden_state, rtol=1e-4, atol=1e-5)

@@ -49,7 +49,7 @@ from .generation.stopping import RoundStopping, token_criteria
 logger = logging.get_logger(__name__)
 
 # Keep in sync with pyproject.toml.
-SUPPORTED_TRANSFORMERS = (version.parse("5.24.0"), version.parse("5.26.0"))
+SUPPORTED_TRANSFORMERS = (version.parse("5.18.0"), version.parse("5.26.0"))
 
 
 
@@ -95,11 +95,37 @@ def check_contract() -> list[str]:
         problems.append("PrefixConstrainedLogitsProcessor._prefix_allowed_tokens_fn is gone (batched rows adapt it)")
     if not hasattr(RepetitionPenaltyLogitsProcessor(1.5), "prompt_ignore_length"):
         problems.append("RepetitionPenaltyLogitsProcessor.prompt_ignore_length is gone (batched rows adapt it)")
-    try:
-        from transformers.utils.output_capturing import selected_hidden_states  # noqa: F401
-    except ImportError:
-        problems.append("output_hidden_states=[indices] (transformers.utils.output_capturing) is gone")
     return problems
+
+
+# What forward, generate and the model outputs call the cache: `cache` from transformers 5.24 on, `past_key_values`
+# before (5.24 keeps the old name as a deprecated alias).
+CACHE_ARGUMENT = ("cache" if "cache" in inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+                  else "past_key_values")
+
+
+def cache_argument(model) -> str:
+    """The name under which `model`'s forward takes its cache: the one its signature lists (a model with remote code
+    may keep `past_key_values`), else transformers' (a wrapper that passes `**kwargs` on)."""
+    parameters = inspect.signature(model.forward).parameters
+    return next((name for name in ("cache", "past_key_values") if name in parameters), CACHE_ARGUMENT)
+
+
+try:  # transformers >= 5.23 selects hidden states by their index in the full tuple
+    from transformers.utils.output_capturing import selected_hidden_states as _selects_hidden_states
+except ImportError:
+    _selects_hidden_states = None
+
+
+def hidden_states_request(indices: list[int]) -> list[int] | bool:
+    """The `output_hidden_states` value under which a forward's `hidden_states[i]` holds the hidden state of every
+    `i` in `indices` (positions in the full tuple, index 0 the embedding output).
+
+    The indices themselves where transformers captures only those (5.23 on); else `True`, every layer: 5.16-5.22
+    accept a list but number what they capture without the embedding output (their `hidden_states[i]` would be the
+    output of layer `i`, not of layer `i - 1`), and earlier releases read a list as `True`.
+    """
+    return list(indices) if _selects_hidden_states is not None else True
 
 
 def changed_speculation_settings(generation_config) -> dict:
@@ -182,7 +208,7 @@ def row_logits_processor(processors, row: int):
 
 # What generate hands its decoding loop besides the inputs, that the batched engine builds itself or reads
 # (`position_ids` generate derives from the attention mask); any other model input would be ignored there.
-_BATCHED_MODEL_KWARGS = {"attention_mask", "cache", "use_cache", "logits_to_keep", "position_ids", "tokenizer",
+_BATCHED_MODEL_KWARGS = {"attention_mask", CACHE_ARGUMENT, "use_cache", "logits_to_keep", "position_ids", "tokenizer",
                          "assistant_tokenizer"}
 # generate's per-step outputs (one entry per step for the whole batch), which batched DSpark rows cannot give
 _PER_STEP_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")

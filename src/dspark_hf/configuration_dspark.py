@@ -46,6 +46,10 @@ class DSparkKeys:
     Gemma4 variant; documented in [`DSparkConfig`]. A dataclass mixin, so each config stays one strict, flat dataclass.
     """
 
+    # A drafter config is not valid without arguments (its mask token is the target's), so transformers < 5.20 must not
+    # build one to diff against when saving.
+    has_no_defaults_at_init = True
+
     block_size: int = 7
     mask_token_id: int | None = None
     target_layer_ids: list[int] | None = None

@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 from transformers.utils import logging
 
+from . import _transformers_compat
 from .configuration_dspark import hidden_state_indices
 from .packed_linear import PACKED_LINEAR_MODES, is_packed, pack_linear_weights
 
@@ -123,9 +124,10 @@ def time_verification_forwards(
             return engine_forward(model, ids, mask, positions, cache, **forward_kwargs)
     else:
         cache = DynamicCache(config=model.config)
+        cache_argument = _transformers_compat.cache_argument(model)
 
         def forward(ids):
-            return model(input_ids=ids, cache=cache, use_cache=True, **forward_kwargs)
+            return model(input_ids=ids, use_cache=True, **{cache_argument: cache}, **forward_kwargs)
     forward(context.to(device))
     timings = {k: [] for k in num_tokens}
     for round_index in range(warmup + repeats):
@@ -323,7 +325,9 @@ def steps_per_second_here(target: torch.nn.Module, drafter, batch_sizes: Sequenc
     into the drafter's folder, which may be an installed package.
     """
     max_tokens = max(drafter.config.block_size + 1, FIRST_USE_MAX_TOKENS)
-    forward_kwargs = {"output_hidden_states": drafter.config.hidden_state_indices}
+    forward_kwargs = {
+        "output_hidden_states": _transformers_compat.hidden_states_request(drafter.config.hidden_state_indices)
+    }
     batch_sizes = sorted({1, *(int(b) for b in batch_sizes)})
     cached = _cached_profile_path(target, max_tokens, forward_kwargs, batch_sizes)
     folder = Path(drafter.name_or_path) if drafter.name_or_path else None
@@ -470,7 +474,9 @@ def _drafter_forward_kwargs(drafter_dir: str | None) -> dict:
     if config_path is None or not config_path.is_file():
         return {}
     layer_ids = json.loads(config_path.read_text()).get("target_layer_ids") or []
-    return {"output_hidden_states": hidden_state_indices(layer_ids)} if layer_ids else {}
+    if not layer_ids:
+        return {}
+    return {"output_hidden_states": _transformers_compat.hidden_states_request(hidden_state_indices(layer_ids))}
 
 
 def main(argv: list[str] | None = None) -> int:

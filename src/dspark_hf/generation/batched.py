@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 
+from .. import _transformers_compat
 from ..modeling_dspark import DSparkDrafter
 from ..packed_linear import is_packed, real_tokens_only
 from . import cache_ops
@@ -56,7 +57,7 @@ def engine_forward(target: PreTrainedModel, input_ids, attention_mask, position_
         attention_mask = attention_mask.long()  # else 4-D masks as they are (`cache_ops.slot_masks`)
     with native_gqa(target.device, width), packed_gqa(target, width):
         return target(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                      cache=cache, use_cache=True, **kwargs)
+                      use_cache=True, **{_transformers_compat.cache_argument(target): cache}, **kwargs)
 
 
 def check_admission_wait_rounds(value: int | str) -> int | str:
@@ -308,7 +309,7 @@ class DSparkBatchEngine:
     def _target_forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep: int = 0):
         """Logits (float32) at the last `logits_to_keep` positions (0: all) and the drafter's context features."""
         indices = self._hidden_state_indices()
-        kwargs = {"output_hidden_states": indices} if indices else {}
+        kwargs = {"output_hidden_states": _transformers_compat.hidden_states_request(indices)} if indices else {}
         # padding (left-padded prompts, rows verifying fewer drafts than the widest) skips the packed linear layers
         real = attention_mask[:, -input_ids.shape[1]:] if self._packed_target else None
         if self._window is not None:

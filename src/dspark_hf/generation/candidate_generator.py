@@ -32,6 +32,7 @@ import torch
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, PreTrainedModel
 from transformers.generation.candidate_generator import CandidateGenerator
 
+from .. import _transformers_compat
 from ..modeling_dspark import DSparkDrafter
 from . import gqa
 from .drafting import DraftedBlock, block_inputs, sample_drafts
@@ -82,7 +83,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
             )
         # Ask the target for exactly the hidden states the drafter reads (index i + 1 is the output of layer i), or for
         # all of them when the call returns them (`output_hidden_states=True`: generate's output holds every layer's).
-        wanted = True if generation_config.output_hidden_states else self.config.hidden_state_indices
+        wanted = generation_config.output_hidden_states or _transformers_compat.hidden_states_request(
+            self.config.hidden_state_indices
+        )
         self.model_kwargs_overrides = {"output_hidden_states": wanted}
         self.max_length = generation_config.max_length
         self.do_sample = generation_config.do_sample
@@ -94,7 +97,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         # The drafter's context for the target cache this call extends: carried over from the call that filled it
         # (a chat's previous turn), else the positions it already holds have no target features here and the context
         # starts after them. Either way only the drafts change; their verification is the target's.
-        self.context = DrafterContext.for_cache(drafter, model_kwargs.get("cache"), cached_length(model_kwargs))
+        self.context = DrafterContext.for_cache(
+            drafter, model_kwargs.get(_transformers_compat.CACHE_ARGUMENT), cached_length(model_kwargs)
+        )
         self.policy.reset()
         self.stats = DSparkGenerationStats(block_size=self.config.block_size)
         self._pending_round: DSparkRoundStats | None = None
@@ -346,5 +351,5 @@ def _check_inputs(input_ids: torch.LongTensor, model_kwargs: dict[str, Any]) -> 
 
 def cached_length(model_kwargs: dict[str, Any]) -> int:
     """How many positions the target's cache already holds at the start of the call (a cache of an earlier call)."""
-    cache = model_kwargs.get("cache")
+    cache = model_kwargs.get(_transformers_compat.CACHE_ARGUMENT)
     return 0 if cache is None else cache.get_seq_length()

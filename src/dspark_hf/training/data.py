@@ -41,6 +41,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache, HfArgumentParser, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging
 
+from .. import _transformers_compat
 from ..cli import HelpFormatter
 from ..models import DEFAULT_TARGET, load_target, target_dtype
 
@@ -270,8 +271,9 @@ def generate_responses(
     cache = DynamicCache(config=target.config)
     while rows and budget > 0:
         step = min(SEGMENT_TOKENS, budget)
-        output = target.generate(input_ids=input_ids, attention_mask=attention_mask, cache=cache,
-                                 max_new_tokens=step, pad_token_id=pad_token_id, eos_token_id=sorted(stop_ids), **kwargs)
+        output = target.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                 **{_transformers_compat.CACHE_ARGUMENT: cache}, max_new_tokens=step,
+                                 pad_token_id=pad_token_id, eos_token_id=sorted(stop_ids), **kwargs)
         new_tokens = output[:, input_ids.shape[1]:]
         budget -= step
         keep = []

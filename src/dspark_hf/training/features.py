@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import PreTrainedModel
 
+from .. import _transformers_compat
 from ..configuration_dspark import hidden_state_indices
 
 
@@ -48,7 +49,8 @@ def compute_target_signals(
         target_layer_ids (`list[int]`): 0-based layers (-1 = embedding output).
     """
     indices = hidden_state_indices(target_layer_ids)
-    outputs = target.base_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=indices)
+    outputs = target.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                output_hidden_states=_transformers_compat.hidden_states_request(indices))
     layers = [outputs.hidden_states[i] for i in indices]
     if any(layer is None for layer in layers):
         raise RuntimeError(
