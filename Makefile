@@ -8,11 +8,11 @@ BIN := $(VENV)/bin
 # The oldest transformers release in the supported range (pyproject.toml); `.venv` gets the newest.
 OLDEST_TRANSFORMERS ?= 5.18.0
 OLDEST_VENV ?= .venv-transformers-$(OLDEST_TRANSFORMERS)
-# The tests that touch transformers' generation internals (see src/dspark_hf/_transformers_compat.py).
+# The tests that touch transformers' generation and attention internals (see src/dspark_hf/_transformers_compat.py).
 INTEGRATION_TESTS := tests/test_transformers_contract.py tests/test_greedy_lossless.py tests/test_sampling_exact.py \
 	tests/test_batched.py tests/test_peft.py tests/test_quickstart.py tests/test_default_policy.py tests/test_errors.py \
 	tests/test_stopping.py tests/test_generate_settings.py tests/test_target_families.py tests/test_prefilled_cache.py \
-	tests/test_target_features.py tests/test_profiling.py
+	tests/test_target_features.py tests/test_profiling.py tests/test_gqa.py tests/test_gemma4.py tests/test_hub.py
 
 .PHONY: demo test test-fast test-oldest setup
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from conftest import make_drafter, make_target
+from conftest import make_drafter, make_target, with_cache
 from dspark_hf.generation import gqa
 
 
@@ -25,14 +25,14 @@ def test_multi_token_forwards_are_bitwise_the_same(dtype):
     prompt = torch.tensor([[0, 0, 5, 17, 33, 8], [9, 12, 60, 61, 62, 63]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])
     cache = DynamicCache(config=target.config)
-    target(input_ids=prompt, attention_mask=mask, cache=cache, use_cache=True)
+    target(input_ids=prompt, attention_mask=mask, **with_cache(cache), use_cache=True)
     new, new_mask = torch.tensor([[4, 5, 6], [7, 8, 9]]), torch.cat([mask, torch.ones(2, 3, dtype=mask.dtype)], dim=1)
     positions = torch.tensor([[4, 5, 6], [6, 7, 8]])
-    copied = target(input_ids=new, attention_mask=new_mask, position_ids=positions, cache=cache).logits
+    copied = target(input_ids=new, attention_mask=new_mask, position_ids=positions, **with_cache(cache)).logits
     cache.crop(-3)
     with gqa.native_gqa("cpu", 3):
         assert os.environ[gqa.FORCE_GQA] == "1"
-        native = target(input_ids=new, attention_mask=new_mask, position_ids=positions, cache=cache).logits
+        native = target(input_ids=new, attention_mask=new_mask, position_ids=positions, **with_cache(cache)).logits
     assert gqa.FORCE_GQA not in os.environ
     assert torch.equal(native, copied)
 
@@ -117,14 +117,14 @@ def _cached_step(target, width: int):
     prompt = torch.tensor([[0, 0, 5, 17, 33, 8, 2, 3], [9, 12, 60, 61, 62, 63, 64, 65]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1], [1] * 8])
     cache = DynamicCache(config=target.config)
-    target(input_ids=prompt, attention_mask=mask, cache=cache, use_cache=True)
+    target(input_ids=prompt, attention_mask=mask, **with_cache(cache), use_cache=True)
     new = torch.randint(1, 90, (2, width), generator=torch.Generator().manual_seed(width))
     new_mask = torch.cat([mask, torch.ones(2, width, dtype=mask.dtype)], dim=1)
     new_mask[0, -1] = 0  # a hole among the new slots, as a shorter draft leaves
     positions = torch.tensor([[6], [8]]) + torch.arange(width)
 
     def forward():
-        logits = target(input_ids=new, attention_mask=new_mask, position_ids=positions, cache=cache).logits
+        logits = target(input_ids=new, attention_mask=new_mask, position_ids=positions, **with_cache(cache)).logits
         cache.crop(-width)
         return logits
 

@@ -27,6 +27,7 @@ from conftest import (
     make_drafter,
     make_target,
     predictable_pair,
+    with_cache,
 )
 from dspark_hf import DSparkDrafter, cli, hub, interop, testing
 from test_stopping import EndsWith
@@ -335,15 +336,15 @@ def test_custom_generate_continues_a_cache_of_an_earlier_turn(tmp_path, monkeypa
     turn, own_cache, recipe_cache = torch.tensor([greedy[:6]]), DynamicCache(), DynamicCache()
     for new_turn in ([31, 8], [44, 3, 9], []):
         mask, cached = torch.ones_like(turn), recipe_cache.get_seq_length()
-        own = target.generate(turn, attention_mask=mask, cache=own_cache, **settings)
+        own = target.generate(turn, attention_mask=mask, **with_cache(own_cache), **settings)
         starts.clear()
-        ours = target.generate(turn, attention_mask=mask, cache=recipe_cache, **recipe, **settings)
+        ours = target.generate(turn, attention_mask=mask, **with_cache(recipe_cache), **recipe, **settings)
         assert ours.tolist() == own.tolist()
         assert recipe_cache.get_seq_length() == own_cache.get_seq_length() == ours.shape[1] - 1
         assert starts[0] == cached  # the drafter's context starts after the cached positions
         turn = torch.cat([ours, torch.tensor([new_turn], dtype=torch.long)], dim=-1)
     with pytest.raises(ValueError, match="the whole prompt"):
-        target.generate(turn[:, :5], cache=recipe_cache, **recipe, **settings)
+        target.generate(turn[:, :5], **with_cache(recipe_cache), **recipe, **settings)
 
 
 RUN_WITHOUT_DSPARK_HF = textwrap.dedent("""

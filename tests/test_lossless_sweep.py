@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from conftest import LOSSLESS_CASES, imitate_transitions, left_pad, make_drafter, make_target
+from conftest import LOSSLESS_CASES, cache_of, imitate_transitions, left_pad, make_drafter, make_target, with_cache
 from dspark_hf import hub
 from dspark_hf.generation.policies import FixedLengthPolicy, FullBlockPolicy
 
@@ -156,11 +156,11 @@ def test_batch_one_prefilled_cache_greedy_sweep(lossless_cases):
             ids = torch.tensor([prompt])
             cached = rng.randint(1, len(prompt) - 1)
             with torch.no_grad():
-                cache = data.target(ids[:, :cached], use_cache=True).cache
+                cache = cache_of(data.target(ids[:, :cached], use_cache=True))
             settings = dict(do_sample=False, max_new_tokens=rng.randint(6, MAX_NEW_TOKENS), pad_token_id=0)
-            expected = data.target.generate(ids, cache=copy.deepcopy(cache), **settings)
+            expected = data.target.generate(ids, **with_cache(copy.deepcopy(cache)), **settings)
             lookup = {"prompt_lookup_num_tokens": 3} if rng.random() < 1 / 3 else {}
-            out = data.target.generate(ids, cache=cache, assistant_model=drafter, **settings, **lookup)
+            out = data.target.generate(ids, **with_cache(cache), assistant_model=drafter, **settings, **lookup)
             case = f"group {index} row {row} ({drafter.config.block_size=}, {cached=}, {lookup})"
             assert out.tolist() == expected.tolist(), case
             outcomes.add([(r.verified, r.accepted) for r in drafter.generation_stats.rounds], case)

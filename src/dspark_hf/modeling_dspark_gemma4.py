@@ -85,8 +85,14 @@ class DSparkGemma4DecoderLayer(Gemma4TextDecoderLayer):
     """A Gemma4 decoder layer (sandwich norms, gated-GELU MLP, ``layer_scalar``) with [`DSparkGemma4Attention`]."""
 
     def __init__(self, config: DSparkGemma4Config, layer_idx: int):
-        super().__init__(config, layer_idx)
-        self.self_attn = DSparkGemma4Attention(config, layer_idx)
+        # `num_kv_shared_layers` describes the target; no draft layer shares K/V. transformers < 5.23 reads it here
+        # (5.23 on reads `config.kv_sharing_modes`, which the drafter config sets to none).
+        shared, config.num_kv_shared_layers = config.num_kv_shared_layers, 0
+        try:
+            super().__init__(config, layer_idx)
+            self.self_attn = DSparkGemma4Attention(config, layer_idx)
+        finally:
+            config.num_kv_shared_layers = shared
 
     def forward(
         self,
