@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import copy
 import hashlib
 import inspect
 import json
@@ -319,7 +320,8 @@ def test_custom_generate_stops_where_the_target_stops(tmp_path):
 def test_custom_generate_continues_a_cache_of_an_earlier_turn(tmp_path, monkeypatch):
     """A chat through the recipe, each turn continuing one cache in place (as `generate` does with a cache passed to
     it): what target-only decoding gives turn after turn with its own cache (a drafter that drafts the target's own
-    transitions, so rounds accept drafts on top of the cached positions)."""
+    transitions, so rounds accept drafts on top of the cached positions); the drafter continues the context it left
+    beside the cache, so it drafts from the whole conversation."""
     target = make_target(seed=5)
     drafter = make_drafter(target, seed=6, markov_rank=97, block_size=4)
     start = torch.tensor([[11, 40, 7, 23]])
@@ -331,8 +333,13 @@ def test_custom_generate_continues_a_cache_of_an_earlier_turn(tmp_path, monkeypa
     recipe = dict(custom_generate=str(tmp_path / "recipe"), trust_remote_code=True)
     module = sys.modules[target.load_custom_generate(recipe["custom_generate"], trust_remote_code=True).__module__]
     starts, extend = [], module.DSparkStandaloneDrafter.extend_context
-    monkeypatch.setattr(module.DSparkStandaloneDrafter, "extend_context",
-                        lambda self, features, first: starts.append(first) or extend(self, features, first))
+
+    def record(self, features, first):  # the first position extended, and how many positions the context held then
+        held = 0 if self.context[0][0] is None else self.context[0][0].shape[1]
+        starts.append((first, held))
+        return extend(self, features, first)
+
+    monkeypatch.setattr(module.DSparkStandaloneDrafter, "extend_context", record)
     turn, own_cache, recipe_cache = torch.tensor([greedy[:6]]), DynamicCache(), DynamicCache()
     for new_turn in ([31, 8], [44, 3, 9], []):
         mask, cached = torch.ones_like(turn), recipe_cache.get_seq_length()
@@ -341,8 +348,30 @@ def test_custom_generate_continues_a_cache_of_an_earlier_turn(tmp_path, monkeypa
         ours = target.generate(turn, attention_mask=mask, **with_cache(recipe_cache), **recipe, **settings)
         assert ours.tolist() == own.tolist()
         assert recipe_cache.get_seq_length() == own_cache.get_seq_length() == ours.shape[1] - 1
-        assert starts[0] == cached  # the drafter's context starts after the cached positions
+        assert starts[0] == (cached, cached)  # the new positions extend the context of every cached one
         turn = torch.cat([ours, torch.tensor([new_turn], dtype=torch.long)], dim=-1)
+    # the context kept for the next turn is what the drafter builds from one forward over the conversation
+    standalone, kept, start, length = module._CONTEXTS[recipe_cache]
+    assert (start, length) == (0, recipe_cache.get_seq_length())
+    with torch.no_grad():
+        hidden_states = target(turn[:, :length], output_hidden_states=True).hidden_states
+    fresh = copy.copy(standalone)
+    fresh.context = [[None, None] for _ in range(fresh.num_layers)]
+    extend(fresh, module._features(hidden_states, standalone.config["target_layer_ids"]), 0)
+    for (keys, values), (expected_keys, expected_values) in zip(kept, fresh.context):
+        torch.testing.assert_close(keys, expected_keys, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(values, expected_values, rtol=1e-4, atol=1e-5)
+    cut = turn[:, :9]  # a cropped cache: the context is cut with it
+    recipe_cache.crop(8 - recipe_cache.get_seq_length())
+    starts.clear()
+    target.generate(cut, attention_mask=torch.ones_like(cut), **with_cache(recipe_cache), **recipe, **settings)
+    assert starts[0] == (8, 8)
+    unseen = DynamicCache()  # a cache the recipe never saw: the context starts after its positions
+    target(turn[:, :7], **with_cache(unseen), use_cache=True)
+    starts.clear()
+    target.generate(turn[:, :9], attention_mask=torch.ones(1, 9, dtype=torch.long), **with_cache(unseen), **recipe,
+                    **settings)
+    assert starts[0] == (7, 0)
     with pytest.raises(ValueError, match="the whole prompt"):
         target.generate(turn[:, :5], **with_cache(recipe_cache), **recipe, **settings)
 
@@ -374,8 +403,8 @@ def test_written_recipe_inlines_the_drafting_module_and_runs_without_dspark_hf(t
     nodes = list(ast.walk(ast.parse(source)))
     imported = {alias.name for node in nodes if isinstance(node, ast.Import) for alias in node.names}
     imported = {name.split(".")[0] for name in imported | {n.module for n in nodes if isinstance(n, ast.ImportFrom)}}
-    allowed = {"__future__", "collections", "dataclasses", "inspect", "json", "math", "os", "torch", "safetensors",
-               "transformers", "huggingface_hub"}  # fmt: skip
+    allowed = {"__future__", "collections", "dataclasses", "inspect", "json", "math", "os", "weakref", "torch",
+               "safetensors", "transformers", "huggingface_hub"}  # fmt: skip
     assert imported <= allowed, imported - allowed  # dspark_hf above all
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
     result = subprocess.run([sys.executable, "-c", RUN_WITHOUT_DSPARK_HF, str(tmp_path / "target"), str(path),

@@ -17,6 +17,9 @@ transformers has no public hook for a new kind of assistant, so we wrap a few pr
   of a plain Qwen3 model that would silently drop the DSpark tensors.
 - `GenerationConfig._eos_token_tensor` / `_pad_token_tensor`: the special tokens generate resolved for this call.
 
+And what moved inside the supported range (5.18-5.25): the cache's name (`CACHE_ARGUMENT`, `cache_argument`:
+`past_key_values` before 5.24) and how a list `output_hidden_states=[...]` is numbered (`hidden_states_request`).
+
 The rest of dspark-hf uses public names only (`tests/test_private_api_boundary.py` fails otherwise). `check_contract()`
 checks the signatures we call at import time; `tests/test_transformers_contract.py` runs it and checks the behaviour
 (the hooks are called, with the target's hidden states) on a tiny model, so an upstream change fails loudly instead of

@@ -21,6 +21,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import weakref
 
 import torch
 from safetensors.torch import load_file
@@ -61,6 +62,10 @@ _NEUTRAL_OPTIONS = {"num_beams": (1, None), "num_return_sequences": (1, None), "
                     "return_dict_in_generate": (False, None), "output_scores": (False, None),
                     "output_logits": (False, None)}  # fmt: skip
 _LOADED: dict[tuple, DSparkStandaloneDrafter] = {}
+# target cache -> (drafter, its context K/V per layer, the first and the end position they cover: the cache's length
+# when the call that filled it returned): the next call on that cache (a chat's next turn) drafts from the whole
+# conversation. Freed with the cache.
+_CONTEXTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def generate(model, inputs=None, input_ids=None, attention_mask=None, generation_config=None, dspark_drafter=None,
@@ -437,7 +442,7 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0, crite
     limit = config.max_length if config.max_new_tokens is None else input_ids.shape[1] + config.max_new_tokens
     cache = DynamicCache(config=model.config) if cache is None else cache
     cached = cache.get_seq_length()
-    drafter.context, drafter.context_length = [[None, None] for _ in range(drafter.num_layers)], cached
+    _restore_context(drafter, cache, cached)
     policy = _policy(drafter, threshold)
     policy.reset()
     output = _target_forward(model, input_ids[:, cached:], cache)
@@ -473,4 +478,37 @@ def speculative_generate(model, drafter, input_ids, config, threshold=0.0, crite
             sequence, stopped = sequence[:, :stop], True
     sequence = sequence[:, :limit]
     cut_cache(cache, sequence.shape[1])  # an output cut inside the last round
+    _keep_context(drafter, cache, features)
     return sequence
+
+
+def _restore_context(drafter, cache, cached):
+    """Gives `drafter` the context it left beside `cache` in the call that filled it, cut to the `cached` positions
+    the cache still holds (a cropped cache); else (a new cache, another drafter, a cache extended elsewhere) an empty
+    one that starts after them, as their target features are not computed in this call."""
+    try:
+        saved = _CONTEXTS.pop(cache, None)
+    except TypeError:  # a cache class that cannot be a dictionary key
+        saved = None
+    if saved is not None and saved[0] is drafter and saved[2] <= cached <= saved[3]:
+        keep = cached - saved[2]
+        drafter.context = [[keys[:, :keep], values[:, :keep]] for keys, values in saved[1]]
+    else:
+        drafter.context = [[None, None] for _ in range(drafter.num_layers)]
+    drafter.context_length = cached
+
+
+def _keep_context(drafter, cache, features):
+    """Keeps the drafter's context beside `cache` for the next call, its last round's features included, cut to the
+    positions the cache holds."""
+    drafter.extend_context(features, drafter.context_length)
+    length = cache.get_seq_length()
+    if drafter.context[0][0] is None or drafter.context_length < length:
+        return
+    start = drafter.context_length - drafter.context[0][0].shape[1]  # 0 unless the call began on a cache it never saw
+    keep = length - start
+    context = [[keys[:, :keep], values[:, :keep]] for keys, values in drafter.context]
+    try:
+        _CONTEXTS[cache] = (drafter, context, start, length)
+    except TypeError:  # a cache class that cannot be a dictionary key
+        pass
