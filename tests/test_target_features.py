@@ -10,9 +10,10 @@ from dspark_hf.training.features import compute_target_signals
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
-def test_context_features_match_a_full_target_forward(arch):
+@pytest.mark.parametrize("layer_ids", [[-1, 1, 2], [0, 2]])  # with the embedding output and without
+def test_context_features_match_a_full_target_forward(arch, layer_ids):
     target = make_target(arch, seed=7)
-    drafter = make_drafter(target, block_size=3, target_layer_ids=[-1, 1, 2])
+    drafter = make_drafter(target, block_size=3, target_layer_ids=layer_ids)
     _generate_and_check_context(target, drafter, torch.tensor([[3, 14, 15, 9, 26]]), max_new_tokens=20)
 
 
@@ -87,13 +88,13 @@ def test_context_is_complete_after_rounds_without_drafting():
     assert stats.skipped_rounds >= 4 and drafter_calls == stats.num_rounds - stats.skipped_rounds
 
 
-def test_training_features_are_the_target_layers_outputs():
+@pytest.mark.parametrize("layer_ids", [[-1, 0, 2], [0, 2]])
+def test_training_features_are_the_target_layers_outputs(layer_ids):
     """Training reads the same layers as generation: `compute_target_signals` against a full forward's hidden
     states (transformers releases number a selection of them differently; see `hidden_states_request`)."""
     target = make_target("qwen3", seed=3)
     ids = torch.tensor([[3, 14, 15, 9, 26, 5], [7, 7, 2, 8, 1, 0]])
     mask = torch.tensor([[1] * 6, [1] * 5 + [0]])
-    layer_ids = [-1, 0, 2]
     signals = compute_target_signals(target, ids, mask, layer_ids)
     with torch.no_grad():
         reference = target.base_model(input_ids=ids, attention_mask=mask, output_hidden_states=True)

@@ -49,8 +49,11 @@ def test_assisted_loop_feeds_the_candidate_generator(target, drafter, monkeypatc
     outputs = calls[1]["model_outputs"]
     wanted = [i + 1 for i in drafter.config.target_layer_ids]  # model_kwargs_overrides asked for these
     assert outputs.hidden_states is not None
-    assert all(outputs.hidden_states[i] is not None for i in wanted)
-    assert outputs.hidden_states[wanted[0]].shape[-1] == target.config.hidden_size
+    layers = _transformers_compat.select_hidden_states(
+        outputs.hidden_states, wanted, _transformers_compat.hidden_states_request(wanted)
+    )
+    assert all(layer is not None for layer in layers)
+    assert layers[0].shape[-1] == target.config.hidden_size
     assert all(isinstance(call["n_last_matches"], int) for call in calls)
     assert len(updates) == len(calls)  # update_candidate_strategy closes every round
 

@@ -18,7 +18,8 @@ transformers has no public hook for a new kind of assistant, so we wrap a few pr
 - `GenerationConfig._eos_token_tensor` / `_pad_token_tensor`: the special tokens generate resolved for this call.
 
 And what moved inside the supported range (5.18-5.25): the cache's name (`CACHE_ARGUMENT`, `cache_argument`:
-`past_key_values` before 5.24) and how a list `output_hidden_states=[...]` is numbered (`hidden_states_request`).
+`past_key_values` before 5.24) and how a list `output_hidden_states=[...]` is numbered (`hidden_states_request`,
+`select_hidden_states`).
 
 The rest of dspark-hf uses public names only (`tests/test_private_api_boundary.py` fails otherwise). `check_contract()`
 checks the signatures we call at import time; `tests/test_transformers_contract.py` runs it and checks the behaviour
@@ -114,21 +115,26 @@ def cache_argument(model) -> str:
     return next((name for name in ("cache", "past_key_values") if name in parameters), CACHE_ARGUMENT)
 
 
-try:  # transformers >= 5.23 selects hidden states by their index in the full tuple
-    from transformers.utils.output_capturing import selected_hidden_states as _selects_hidden_states
-except ImportError:
-    _selects_hidden_states = None
+# How a list `output_hidden_states=[...]` numbers the hidden states it captures: by their index in the full tuple
+# (index 0 the embedding output) from transformers 5.23 on; 5.17-5.22 leave the embedding output out (their index `j`
+# is the output of layer `j`, the full tuple's `j + 1`) and cannot capture it.
+_SELECTION_OFFSET = 0 if version.parse(transformers.__version__) >= version.parse("5.23.0") else 1
 
 
 def hidden_states_request(indices: list[int]) -> list[int] | bool:
-    """The `output_hidden_states` value under which a forward's `hidden_states[i]` holds the hidden state of every
-    `i` in `indices` (positions in the full tuple, index 0 the embedding output).
+    """The `output_hidden_states` value that captures the hidden states at `indices` (positions in the full tuple,
+    index 0 the embedding output) and no others; `True` (every layer) where the installed transformers cannot select
+    them (the embedding output before 5.23). Read them with [`select_hidden_states`]."""
+    if min(indices) < _SELECTION_OFFSET:
+        return True
+    return [i - _SELECTION_OFFSET for i in indices]
 
-    The indices themselves where transformers captures only those (5.23 on); else `True`, every layer: 5.16-5.22
-    accept a list but number what they capture without the embedding output (their `hidden_states[i]` would be the
-    output of layer `i`, not of layer `i - 1`), and earlier releases read a list as `True`.
-    """
-    return list(indices) if _selects_hidden_states is not None else True
+
+def select_hidden_states(hidden_states, indices: list[int], request: list[int] | bool) -> list:
+    """The hidden states at `indices` (full-tuple positions) of a forward run with `output_hidden_states=request`."""
+    if request is True:
+        return [hidden_states[i] for i in indices]
+    return [hidden_states[i - _SELECTION_OFFSET] for i in indices]
 
 
 def changed_speculation_settings(generation_config) -> dict:

@@ -309,7 +309,8 @@ class DSparkBatchEngine:
     def _target_forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep: int = 0):
         """Logits (float32) at the last `logits_to_keep` positions (0: all) and the drafter's context features."""
         indices = self._hidden_state_indices()
-        kwargs = {"output_hidden_states": _transformers_compat.hidden_states_request(indices)} if indices else {}
+        request = _transformers_compat.hidden_states_request(indices) if indices else None
+        kwargs = {"output_hidden_states": request} if indices else {}
         # padding (left-padded prompts, rows verifying fewer drafts than the widest) skips the packed linear layers
         real = attention_mask[:, -input_ids.shape[1]:] if self._packed_target else None
         if self._window is not None:
@@ -320,7 +321,7 @@ class DSparkBatchEngine:
                                  logits_to_keep=logits_to_keep, **kwargs)
         features = None
         if indices:
-            features = torch.cat([out.hidden_states[i] for i in indices], dim=-1)
+            features = torch.cat(_transformers_compat.select_hidden_states(out.hidden_states, indices, request), dim=-1)
         return out.logits.float(), features
 
     def _ingest(self, cache: DynamicCache, features: torch.Tensor, positions: torch.Tensor) -> None:

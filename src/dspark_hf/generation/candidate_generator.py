@@ -243,7 +243,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 "The target returned no hidden states; DSpark needs a target that supports `output_hidden_states` "
                 "(transformers' generate contract changed? see dspark_hf._transformers_compat)."
             )
-        layers = [hidden_states[i] for i in self.config.hidden_state_indices]
+        layers = _transformers_compat.select_hidden_states(
+            hidden_states, self.config.hidden_state_indices, self.model_kwargs_overrides["output_hidden_states"]
+        )
         if any(layer is None for layer in layers) or layers[0].shape[1] < num_new:
             raise RuntimeError(
                 f"Expected the target's last forward to cover the {num_new} newly committed positions at hidden-state "

@@ -49,9 +49,9 @@ def compute_target_signals(
         target_layer_ids (`list[int]`): 0-based layers (-1 = embedding output).
     """
     indices = hidden_state_indices(target_layer_ids)
-    outputs = target.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                output_hidden_states=_transformers_compat.hidden_states_request(indices))
-    layers = [outputs.hidden_states[i] for i in indices]
+    request = _transformers_compat.hidden_states_request(indices)
+    outputs = target.base_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=request)
+    layers = _transformers_compat.select_hidden_states(outputs.hidden_states, indices, request)
     if any(layer is None for layer in layers):
         raise RuntimeError(
             f"{type(target).__name__} did not return hidden states {indices} (needed for target_layer_ids="
