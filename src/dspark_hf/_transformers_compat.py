@@ -17,9 +17,9 @@ transformers has no public hook for a new kind of assistant, so we wrap a few pr
   of a plain Qwen3 model that would silently drop the DSpark tensors.
 - `GenerationConfig._eos_token_tensor` / `_pad_token_tensor`: the special tokens generate resolved for this call.
 
-And what moved inside the supported range (5.18-5.25): the cache's name (`CACHE_ARGUMENT`, `cache_argument`:
-`past_key_values` before 5.24) and how a list `output_hidden_states=[...]` is numbered (`hidden_states_request`,
-`select_hidden_states`).
+And what moved inside the supported range (5.16-5.25): the cache's name (`CACHE_ARGUMENT`, `cache_argument`:
+`past_key_values` before 5.24), how a list `output_hidden_states=[...]` is numbered (`hidden_states_request`,
+`select_hidden_states`) and the assisted loop's stopping checks before 5.18 (`_LOOP_CHECKS_CANDIDATES`).
 
 The rest of dspark-hf uses public names only (`tests/test_private_api_boundary.py` fails otherwise). `check_contract()`
 checks the signatures we call at import time; `tests/test_transformers_contract.py` runs it and checks the behaviour
@@ -53,7 +53,10 @@ from .generation.stopping import RoundStopping, token_criteria
 logger = logging.get_logger(__name__)
 
 # Keep in sync with pyproject.toml.
-SUPPORTED_TRANSFORMERS = (version.parse("5.18.0"), version.parse("5.26.0"))
+SUPPORTED_TRANSFORMERS = (version.parse("5.16.0"), version.parse("5.26.0"))
+# Before 5.18 the assisted loop asks the stopping criteria of each round's unverified candidates too, and does not cut
+# accepted drafts at an EOS (the candidate generator cuts its drafts after the first EOS instead).
+_LOOP_CHECKS_CANDIDATES = version.parse(transformers.__version__) < version.parse("5.18.0")
 
 
 
@@ -117,15 +120,16 @@ def cache_argument(model) -> str:
 
 # How a list `output_hidden_states=[...]` numbers the hidden states it captures: by their index in the full tuple
 # (index 0 the embedding output) from transformers 5.23 on; 5.17-5.22 leave the embedding output out (their index `j`
-# is the output of layer `j`, the full tuple's `j + 1`) and cannot capture it.
-_SELECTION_OFFSET = 0 if version.parse(transformers.__version__) >= version.parse("5.23.0") else 1
+# is the output of layer `j`, the full tuple's `j + 1`) and cannot capture it; earlier releases capture every layer.
+_INSTALLED = version.parse(transformers.__version__)
+_SELECTION_OFFSET = 0 if _INSTALLED >= version.parse("5.23.0") else 1 if _INSTALLED >= version.parse("5.17.0") else None
 
 
 def hidden_states_request(indices: list[int]) -> list[int] | bool:
     """The `output_hidden_states` value that captures the hidden states at `indices` (positions in the full tuple,
     index 0 the embedding output) and no others; `True` (every layer) where the installed transformers cannot select
-    them (the embedding output before 5.23). Read them with [`select_hidden_states`]."""
-    if min(indices) < _SELECTION_OFFSET:
+    them (the embedding output before 5.23, any before 5.17). Read them with [`select_hidden_states`]."""
+    if _SELECTION_OFFSET is None or min(indices) < _SELECTION_OFFSET:
         return True
     return [i - _SELECTION_OFFSET for i in indices]
 
@@ -246,8 +250,8 @@ def _make_assisted_decoding(original):
             # transformers asks its stopping criteria once per round; stop strings and custom criteria are asked of
             # every prefix the round committed instead, and the output cut at the first that stops
             # (generation/stopping.py)
-            stopping = RoundStopping(stopping_criteria, streamer, input_ids.shape[1]) if token_criteria(
-                stopping_criteria) else None
+            stopping = RoundStopping(stopping_criteria, streamer, input_ids.shape[1], _LOOP_CHECKS_CANDIDATES) if (
+                token_criteria(stopping_criteria) or _LOOP_CHECKS_CANDIDATES) else None
             try:
                 with _forward_uncached_only(self, cached):
                     output = original(self, input_ids, logits_processor, stopping or stopping_criteria,

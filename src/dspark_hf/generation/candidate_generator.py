@@ -106,6 +106,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self._pending_outcome: RoundOutcome | None = None
         self._observed: list[float] | None = None  # the confidences of the last observed round
         self.lookup = _prompt_lookup(generation_config, eos_token_ids)
+        self.eos_token_ids = set(eos_token_ids or [])
         drafter.generation_stats = self.stats
 
     @property
@@ -142,6 +143,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         block = self._draft(input_ids, model_outputs)
         length = block.lengths[0]
         draft_ids = block.ids[0, :length].tolist()
+        # drafts after an EOS are never committed (and transformers < 5.18 would accept them past it)
+        length = next((i + 1 for i, token in enumerate(draft_ids) if token in self.eos_token_ids), length)
+        draft_ids = draft_ids[:length]
         self._pending_round = DSparkRoundStats(confidences=block.confidences[0], verified=length,
                                                confidence_logits=block.confidence_logits[0], draft_ids=draft_ids)
         self._pending_outcome = RoundOutcome(block.confidences, [length], [0], observed=block.observed,

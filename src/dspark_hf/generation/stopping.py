@@ -93,17 +93,28 @@ class RoundStopping(StoppingCriteriaList):
 
     Pass it (and `streamer`, which holds each round's tokens until the check) to the loop in place of the criteria
     and streamer generate built, then `cut` the loop's output at the first prefix that stopped. The prompt is what
-    the loop starts from (``prompt_length`` tokens); it was streamed before the loop.
+    the loop starts from (``prompt_length`` tokens); it was streamed before the loop. `checks_candidates`: the loop
+    also asks the criteria of each round's unverified candidates, before its check of the committed tokens
+    (transformers < 5.18); those calls get only the once-per-round criteria, as the loop meant them, and only when
+    the round drafted (told "done" of a round without drafts, that loop keeps one token fewer than none: a prompt
+    ending in an EOS would come back unanswered).
     """
 
-    def __init__(self, criteria: StoppingCriteriaList, streamer: BaseStreamer | None, prompt_length: int):
+    def __init__(self, criteria: StoppingCriteriaList, streamer: BaseStreamer | None, prompt_length: int,
+                 checks_candidates: bool = False):
         super().__init__(criteria)
         self.by_token, self.checked_length, self.prompt_length = token_criteria(criteria), prompt_length, prompt_length
         self.rest = StoppingCriteriaList([c for c in criteria if isinstance(c, _ONCE_PER_ROUND)])
         self.streamer = None if streamer is None else _HeldStreamer(streamer)
         self.stop_length: int | None = None
+        self.checks_candidates, self.calls = checks_candidates, 0
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        self.calls += 1
+        if self.checks_candidates and self.calls % 2:  # a round's candidates, not yet verified
+            if input_ids.shape[-1] <= self.checked_length:
+                return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+            return self.rest(input_ids, scores, **kwargs)
         stop = first_stop(self.by_token, input_ids, self.checked_length, scores, scores_start=self.prompt_length)
         if self.streamer is not None:
             self.streamer.release(None if stop is None else stop - self.checked_length)

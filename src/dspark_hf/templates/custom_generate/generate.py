@@ -24,6 +24,7 @@ import os
 import weakref
 
 import torch
+import transformers
 from safetensors.torch import load_file
 from transformers import (
     AutoConfig,
@@ -373,6 +374,9 @@ def load_drafter(reference, model) -> DSparkStandaloneDrafter:
         _LOADED[key] = DSparkStandaloneDrafter(folder, embedding.device, embedding.dtype)
     drafter = _LOADED[key]
     _check_target(drafter.config, model)
+    if drafter.gemma and tuple(int(part) for part in transformers.__version__.split(".")[:2]) < (5, 18):
+        raise ValueError(f"This recipe runs Gemma4 targets with transformers >= 5.18 (installed: "
+                         f"{transformers.__version__}, whose Gemma4 verification forwards fail); upgrade transformers.")
     return drafter
 
 
