@@ -54,9 +54,10 @@ logger = logging.get_logger(__name__)
 
 # Keep in sync with pyproject.toml.
 SUPPORTED_TRANSFORMERS = (version.parse("5.16.0"), version.parse("5.26.0"))
+_INSTALLED = version.parse(transformers.__version__)
 # Before 5.18 the assisted loop asks the stopping criteria of each round's unverified candidates too, and does not cut
 # accepted drafts at an EOS (the candidate generator cuts its drafts after the first EOS instead).
-_LOOP_CHECKS_CANDIDATES = version.parse(transformers.__version__) < version.parse("5.18.0")
+_LOOP_CHECKS_CANDIDATES = _INSTALLED < version.parse("5.18.0")
 
 
 
@@ -69,10 +70,9 @@ def check_contract() -> list[str]:
     `tests/test_transformers_contract.py`.
     """
     problems = []
-    installed = version.parse(transformers.__version__)
-    if not SUPPORTED_TRANSFORMERS[0] <= installed < SUPPORTED_TRANSFORMERS[1]:
+    if not SUPPORTED_TRANSFORMERS[0] <= _INSTALLED < SUPPORTED_TRANSFORMERS[1]:
         problems.append(
-            f"transformers {installed} is outside the tested range "
+            f"transformers {_INSTALLED} is outside the tested range "
             f"[{SUPPORTED_TRANSFORMERS[0]}, {SUPPORTED_TRANSFORMERS[1]})"
         )
     original = getattr(_get_candidate_generator, "__wrapped__", GenerationMixin._get_candidate_generator)
@@ -113,15 +113,22 @@ CACHE_ARGUMENT = ("cache" if "cache" in inspect.signature(GenerationMixin.prepar
 
 def cache_argument(model) -> str:
     """The name under which `model`'s forward takes its cache: the one its signature lists (a model with remote code
-    may keep `past_key_values`), else transformers' (a wrapper that passes `**kwargs` on)."""
-    parameters = inspect.signature(model.forward).parameters
+    may keep `past_key_values`), else transformers' (a wrapper that passes `**kwargs` on). Read once per class's
+    forward (the engine asks before every step); a forward set on the instance is read each time."""
+    forward = model.forward
+    function = getattr(forward, "__func__", None)
+    return _cache_argument_of(function) if function is not None else _cache_argument_of.__wrapped__(forward)
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_argument_of(forward) -> str:
+    parameters = inspect.signature(forward).parameters
     return next((name for name in ("cache", "past_key_values") if name in parameters), CACHE_ARGUMENT)
 
 
 # How a list `output_hidden_states=[...]` numbers the hidden states it captures: by their index in the full tuple
 # (index 0 the embedding output) from transformers 5.23 on; 5.17-5.22 leave the embedding output out (their index `j`
 # is the output of layer `j`, the full tuple's `j + 1`) and cannot capture it; earlier releases capture every layer.
-_INSTALLED = version.parse(transformers.__version__)
 _SELECTION_OFFSET = 0 if _INSTALLED >= version.parse("5.23.0") else 1 if _INSTALLED >= version.parse("5.17.0") else None
 
 
