@@ -195,7 +195,7 @@ def test_batched_sampling_stops_at_eos_or_budget_and_repeats_with_the_seed():
     for row, stats in zip(out[:, ids.shape[1]:].tolist(), drafter.batch_generation_stats):
         end = row.index(2) + 1 if 2 in row[:10] else 10
         assert set(row[end:]) <= {0} and len(row) <= 10
-        assert sum(len(r.draft_ids) for r in stats.rounds) > 0
+        assert end == 1 or sum(len(r.draft_ids) for r in stats.rounds) > 0  # a row whose first token is EOS drafts none
         ends.append(end)
     assert 10 in ends and min(ends) < 10, ends  # rows stopped by the budget and by the EOS
     assert sum(r.accepted for r in drafter.generation_stats.rounds) > 0

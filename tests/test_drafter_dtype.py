@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from conftest import left_pad, make_drafter, make_target, solo
-from dspark_hf.models import drafter_dtype
+from dspark_hf import models
+from dspark_hf.models import cpu_capabilities, drafter_dtype
 
 
 def test_bfloat16_drafter_fp32_target_greedy_identical():
@@ -49,5 +50,21 @@ def test_drafter_dtype_rejects_unknown_names():
     ({}, torch.float32),
 ])
 def test_drafter_dtype_auto_on_cpu_follows_native_bf16(monkeypatch, capabilities, expected):
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
+    monkeypatch.setattr(models, "cpu_capabilities", lambda: capabilities)
     assert drafter_dtype("auto", "cpu") is expected
+
+
+def test_cpu_capabilities_without_torchs_reading_come_from_the_kernel(monkeypatch):
+    """torch 2.9 and older have no `torch.cpu.get_capabilities`: the kernel's CPU flags answer, with the same names."""
+    torchs = cpu_capabilities() if hasattr(torch.cpu, "get_capabilities") else None
+    monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = [line for line in cpuinfo if line.startswith("flags")][0].split(":", 1)[1].split()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    kernels = cpu_capabilities()
+    assert set(kernels) == set(flags) and all(kernels.values())
+    if torchs is not None:  # both readings agree on what `auto` decides by
+        for name in ("avx512_bf16", "avx2"):
+            assert bool(torchs.get(name)) == bool(kernels.get(name)), name

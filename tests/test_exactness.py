@@ -7,6 +7,7 @@ import torch
 
 from conftest import make_target
 from dspark_hf.benchmarks.exactness import conversation_divergence, first_divergence, summarize_divergences
+from dspark_hf import models
 from dspark_hf.models import target_dtype
 
 
@@ -61,7 +62,7 @@ def test_summarize_divergences():
     ({"amx_bf16": False, "avx512_bf16": False}, torch.float32),  # emulated bf16: float32
 ])
 def test_target_dtype_auto_follows_native_bf16_like_the_drafter(monkeypatch, capabilities, expected):
-    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: capabilities)
+    monkeypatch.setattr(models, "cpu_capabilities", lambda: capabilities)
     assert target_dtype("auto", "cpu") is expected
     assert target_dtype("float32", "cpu") is torch.float32
     with pytest.raises(ValueError, match="Unknown target dtype 'fp8'"):

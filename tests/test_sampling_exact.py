@@ -249,7 +249,8 @@ def test_negative_control_a_wrong_draft_distribution_is_detected(monkeypatch):
     monkeypatch.setattr(DSparkBatchEngine, "_draft", wrong_logits)
     target, drafter = _models()
     statistic, cells = _chi_square(target, drafter, seed=0, sampler=_samples_from_batch)
-    assert statistic > 5 * _critical_value(cells), (statistic, cells)  # 317 against a critical value of 51
+    # 317 against a critical value of 51 (230 under torch 2.6, whose random streams differ): far past it either way
+    assert statistic > 3 * _critical_value(cells), (statistic, cells)
 
 
 def test_exact_distribution_is_normalised():

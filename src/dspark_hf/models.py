@@ -135,6 +135,20 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DRAFTER_DTYPES = DTYPES  # the earlier name, kept for callers written against it
 
 
+def cpu_capabilities() -> dict[str, bool]:
+    """This CPU's instruction sets by name (`avx512_bf16`, `amx_bf16`, ...): torch's `torch.cpu.get_capabilities()`,
+    or on torch releases without it (2.9 and older) the flags the Linux kernel lists in `/proc/cpuinfo`, which use the
+    same names; empty where neither answers."""
+    if hasattr(torch.cpu, "get_capabilities"):
+        return torch.cpu.get_capabilities()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next((line for line in cpuinfo if line.startswith("flags")), ":")
+    except OSError:
+        return {}
+    return dict.fromkeys(flags.split(":", 1)[1].split(), True)
+
+
 def _resolve_dtype(name: str, device: str | torch.device, role: str) -> torch.dtype:
     """`name` as a torch dtype; `"auto"` is bf16 where `device` computes it natively (GPUs with bf16, CPUs with AMX
     or AVX512-BF16), else float32 (emulated bf16 on older CPUs is slower than float32)."""
@@ -146,7 +160,7 @@ def _resolve_dtype(name: str, device: str | torch.device, role: str) -> torch.dt
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     if device.type == "cpu":
-        capabilities = getattr(torch.cpu, "get_capabilities", dict)()
+        capabilities = cpu_capabilities()
         native = capabilities.get("amx_bf16") or capabilities.get("avx512_bf16")
         return torch.bfloat16 if native else torch.float32
     return torch.float32
