@@ -9,18 +9,19 @@ BIN := $(VENV)/bin
 # needs huggingface_hub < 2 (and httpx); the oldest torch is a CUDA build on PyPI (~3 GB with its libraries, run on
 # the CPU); datasets 3.0 brings its own pins (fsspec, aiohttp).
 OLDEST_TRANSFORMERS ?= 5.16.1
-OLDEST_PINS ?= huggingface_hub==1.31.0 httpx==0.28.1 httpcore==1.0.9 peft==0.18.0 accelerate==1.3.0
+OLDEST_PINS ?= huggingface_hub==1.31.0 httpx==0.28.1 httpcore==1.0.9 peft==0.18.0 accelerate==1.3.0 gguf==0.17.1
 OLDEST_WITH_DEPS ?= torch==2.6.0 datasets==3.0.0
 OLDEST_VENV ?= .venv-oldest-$(OLDEST_TRANSFORMERS)
 # The tests that touch transformers' generation and attention internals (see src/dspark_hf/_transformers_compat.py),
-# torch's kernels and CPU readings, and what training reads of transformers, accelerate, datasets and peft.
+# torch's kernels and CPU readings, what training reads of transformers, accelerate, datasets and peft, and the GGUF
+# conversion of the embedded target.
 INTEGRATION_TESTS := tests/test_transformers_contract.py tests/test_greedy_lossless.py tests/test_sampling_exact.py \
 	tests/test_batched.py tests/test_peft.py tests/test_quickstart.py tests/test_default_policy.py tests/test_errors.py \
 	tests/test_stopping.py tests/test_generate_settings.py tests/test_target_families.py tests/test_prefilled_cache.py \
 	tests/test_target_features.py tests/test_profiling.py tests/test_gqa.py tests/test_gemma4.py tests/test_hub.py \
 	tests/test_drafter_dtype.py tests/test_exactness.py tests/test_packed_linear.py tests/test_training_train.py \
 	tests/test_training_distributed.py tests/test_training_data.py tests/test_training_lora.py tests/test_vocabulary.py \
-	tests/test_checkpoints.py tests/test_calibration.py
+	tests/test_checkpoints.py tests/test_calibration.py tests/test_embedded_target.py
 
 .PHONY: demo test test-fast test-oldest setup
 
@@ -36,7 +37,7 @@ $(BIN)/.installed: pyproject.toml
 
 # A second environment that differs from .venv in the pinned packages alone: it adds .venv's packages as a site
 # directory (after its own), so only those (and what they need that .venv lacks) are downloaded.
-$(OLDEST_VENV)/.installed: $(BIN)/.installed
+$(OLDEST_VENV)/.installed: $(BIN)/.installed Makefile
 	$(PYTHON) -m venv $(OLDEST_VENV)
 	base=$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
 	own=$$($(OLDEST_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))') && \
