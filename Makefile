@@ -7,11 +7,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The low end of every supported range (pyproject.toml); `.venv` gets the newest releases. The oldest transformers
 # needs huggingface_hub < 2 (and httpx); the oldest torch is a CUDA build on PyPI (~3 GB with its libraries, run on
-# the CPU); datasets 3.0 brings its own pins (fsspec, aiohttp).
+# the CPU); datasets 3.0 brings its own pins (fsspec, aiohttp) and needs tqdm 4.66.3.
 OLDEST_TRANSFORMERS ?= 5.16.1
 OLDEST_PINS ?= huggingface_hub==1.31.0 httpx==0.28.1 httpcore==1.0.9 peft==0.18.0 accelerate==1.3.0 \
 	gguf==0.17.1 matplotlib==3.8.4
-OLDEST_WITH_DEPS ?= torch==2.6.0 datasets==3.0.0
+OLDEST_WITH_DEPS ?= torch==2.6.0 datasets==3.0.0 tqdm==4.66.3
 OLDEST_VENV ?= .venv-oldest-$(OLDEST_TRANSFORMERS)
 # The tests that touch transformers' generation and attention internals (see src/dspark_hf/_transformers_compat.py),
 # torch's kernels and CPU readings, what training reads of transformers, accelerate, datasets and peft, and the GGUF
