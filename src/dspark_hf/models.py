@@ -135,18 +135,24 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DRAFTER_DTYPES = DTYPES  # the earlier name, kept for callers written against it
 
 
+def cpuinfo(key: str) -> str | None:
+    """The value of the first `key` line (`"model name"`, `"flags"`) the Linux kernel lists in `/proc/cpuinfo`; None
+    where it lists none, or there is no such file."""
+    try:
+        with open("/proc/cpuinfo") as lines:
+            return next((value.strip() for name, _, value in (line.partition(":") for line in lines)
+                         if name.strip() == key), None)
+    except OSError:
+        return None
+
+
 def cpu_capabilities() -> dict[str, bool]:
     """This CPU's instruction sets by name (`avx512_bf16`, `amx_bf16`, ...): torch's `torch.cpu.get_capabilities()`,
     or on torch releases without it (2.9 and older) the flags the Linux kernel lists in `/proc/cpuinfo`, which use the
     same names; empty where neither answers."""
     if hasattr(torch.cpu, "get_capabilities"):
         return torch.cpu.get_capabilities()
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            flags = next((line for line in cpuinfo if line.startswith("flags")), ":")
-    except OSError:
-        return {}
-    return dict.fromkeys(flags.split(":", 1)[1].split(), True)
+    return dict.fromkeys((cpuinfo("flags") or "").split(), True)
 
 
 def _resolve_dtype(name: str, device: str | torch.device, role: str) -> torch.dtype:

@@ -39,6 +39,7 @@ from transformers.utils import logging
 
 from . import _transformers_compat
 from .configuration_dspark import hidden_state_indices
+from .models import cpuinfo
 from .packed_linear import PACKED_LINEAR_MODES, is_packed, pack_linear_weights
 
 
@@ -149,12 +150,7 @@ def time_verification_forwards(
 def machine_metadata(device: torch.device | str = "cpu") -> dict:
     """What the profile is only valid for: device, processor, thread count and library versions."""
     device = torch.device(device)
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
+    cpu = cpuinfo("model name") or platform.processor() or platform.machine()
     try:
         version = importlib.metadata.version("dspark-hf")
     except importlib.metadata.PackageNotFoundError:

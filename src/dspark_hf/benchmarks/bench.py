@@ -38,7 +38,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from ..cli import ArgumentParser
 from ..modeling_dspark import DSparkDrafter
 from ..models import DEFAULT_TARGET, DTYPES, EMBEDDED_DRAFTERS, check_model_path, drafter_dtype, load_target
-from ..models import target_dtype
+from ..models import cpuinfo, target_dtype
 from ..packed_linear import PACKED_LINEAR_MODES, is_packed, pack_linear_weights
 from ..profiling import profile_dtype_mismatch, steps_per_second_here
 from .exactness import conversation_divergence
@@ -236,16 +236,8 @@ def _greedy_divergence(target: PreTrainedModel, mode: str, run: ConversationRun,
 
 def machine_info(device: torch.device | str = "cpu") -> dict[str, Any]:
     """CPU model, core counts, torch threads, OS, and the GPU name when running on CUDA."""
-    cpu_model = platform.processor() or None
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     info = {
-        "cpu_model": cpu_model,
+        "cpu_model": cpuinfo("model name") or platform.processor() or None,
         "cpu_count": os.cpu_count(),
         "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
